@@ -1,0 +1,33 @@
+// The hfnn executable: wires the subcommands (one file each) into one CLI11 app.
+#include <fmt/core.h>
+
+#include "cli/commands.h"
+#include "hfnn/version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hfnn: profile a PyTorch training script, tune kernels for the shapes it really uses, and train with the winners.\n"
+      "\n"
+      "  hfnn variants              list the CUDA kernel variants in this build\n"
+      "\n"
+      "In Python, hfnn.to_hfnn(model) swaps every nn.LayerNorm for hfnn's kernels and hfnn.to_torch(model)\n"
+      "swaps back. Run `hfnn <command> --help` for a command's options.",
+      "hfnn"};
+  app.set_version_flag("--version", fmt::format("hfnn {}", HFNN_VERSION));
+  // Bad input: one line naming what was wrong and where to look, then a non-zero exit.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+    return fmt::format("{}: {} (see `{} --help`)\n", failed->get_name(), e.what(), failed->get_name());
+  });
+  app.require_subcommand(0, 1);
+  hfnn::cli::setup_variants(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (app.get_subcommands().empty()) {
+    fmt::print("{}", app.help());
+    return 0;
+  }
+  return 0;
+}

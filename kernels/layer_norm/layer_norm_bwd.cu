@@ -1,0 +1,392 @@
+// LayerNorm backward variants: dx, dgamma and dbeta from one read of x and dy.
+//
+//   bwd_regs_tpr{4,8,16,32}  Persistent grid (resident blocks x SMs); kTpr threads share a row held
+//                            in registers. Each thread always owns the same columns, so it sums
+//                            dy * xhat and dy for them in registers over every row it visits. At the
+//                            end the block folds its threads' sums (shuffles within a warp, then a
+//                            fixed-order sum over warps in shared memory) into one partial row in the
+//                            workspace, and a second small kernel sums those partial rows in a fixed
+//                            order. No float atomics: results are bit-identical run to run.
+//   bwd_block                Persistent grid, one block per row at a time, any cols: a first pass
+//                            reads x and dy for the two row sums and the dgamma/dbeta partials (kept
+//                            per column in shared memory, each column owned by one thread), a second
+//                            pass re-reads them (from L1/L2) to write dx. Same deterministic fold.
+#include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_variants.h"
+
+namespace hfnn::kernels::layer_norm {
+namespace {
+
+constexpr int kRegsBlock = 256;
+constexpr int kRegsWarps = kRegsBlock / 32;
+
+// Workspace of the persistent variants: [2][grid][cols] floats (dgamma partials, then dbeta).
+std::size_t partials_bytes(int grid, int64_t cols) {
+  return 2 * static_cast<std::size_t>(grid) * static_cast<std::size_t>(cols) * sizeof(float);
+}
+
+// Sums the per-block partial rows into dgamma (blockIdx.y == 0) and dbeta (1), 32 columns a block;
+// each of the 32 thread rows takes every 32nd partial row, then one fixed-order sum.
+template <typename T>
+__global__ void __launch_bounds__(1024) reduce_partials_kernel(const float* __restrict__ partials, int grid,
+                                                               int64_t cols, T* dgamma, T* dbeta) {
+  __shared__ float acc[32][33];
+  T* out = blockIdx.y == 0 ? dgamma : dbeta;
+  if (out == nullptr) return;  // uniform over the block
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const float* __restrict__ src = partials + static_cast<int64_t>(blockIdx.y) * grid * cols;
+  float s = 0.f;
+  if (c < cols)
+    for (int b = threadIdx.y; b < grid; b += 32) s += src[static_cast<int64_t>(b) * cols + c];
+  acc[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) total += acc[k][threadIdx.x];
+    out[c] = from_float<T>(total);
+  }
+}
+
+template <typename T>
+cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream) {
+  if (!p.dgamma && !p.dbeta) return cudaSuccess;
+  const dim3 blocks(static_cast<unsigned>((p.cols + 31) / 32), 2);
+  reduce_partials_kernel<T><<<blocks, dim3(32, 32), 0, stream>>>(partials, grid, p.cols, static_cast<T*>(p.dgamma),
+                                                                   static_cast<T*>(p.dbeta));
+  return cudaGetLastError();
+}
+
+template <typename T, int kTpr, int kNv>
+__global__ void __launch_bounds__(kRegsBlock) bwd_regs_kernel(const BwdParams p) {
+  extern __shared__ float fold[];  // [kRegsWarps][cols]
+  constexpr int kV = kVec<T>;
+  constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
+  constexpr int kGroupsPerWarp = 32 / kTpr;
+  const int lane = threadIdx.x % kTpr;
+  const int warp = threadIdx.x / 32;
+  const int group_in_warp = (threadIdx.x % 32) / kTpr;
+  const int cols = static_cast<int>(p.cols);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const bool want_params = p.dgamma || p.dbeta;
+
+  float dg[kNv][kV], db[kNv][kV];
+#pragma unroll
+  for (int i = 0; i < kNv; ++i)
+#pragma unroll
+    for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp; row0 < p.rows;
+       row0 += stride) {
+    const int64_t row = row0 + group_in_warp;
+    const bool valid = row < p.rows;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+    const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
+    const float mean = valid ? p.mean[row] : 0.f;
+    const float rstd = valid ? p.rstd[row] : 0.f;
+
+    float xhat[kNv][kV], g[kNv][kV];
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int col = (i * kTpr + lane) * kV;
+      if (valid && col < cols) {
+        const Pack<T> xp = load_pack(x + col);
+        const Pack<T> dp = load_pack(dy + col);
+        Pack<T> gp;
+        if (gamma) gp = load_pack(gamma + col);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = to_float(dp.v[k]);
+          xhat[i][k] = (to_float(xp.v[k]) - mean) * rstd;
+          g[i][k] = gamma ? d * to_float(gp.v[k]) : d;
+          sum_g += g[i][k];
+          sum_gx += g[i][k] * xhat[i][k];
+          dg[i][k] += d * xhat[i][k];
+          db[i][k] += d;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) xhat[i][k] = g[i][k] = 0.f;
+      }
+    }
+    const float mean_g = group_sum<kTpr>(sum_g) * inv_cols;
+    const float mean_gx = group_sum<kTpr>(sum_gx) * inv_cols;
+    if (!valid || !p.dx) continue;
+    T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int col = (i * kTpr + lane) * kV;
+      if (col < cols) {
+        Pack<T> out;
+#pragma unroll
+        for (int k = 0; k < kV; ++k) out.v[k] = from_float<T>(rstd * (g[i][k] - mean_g - xhat[i][k] * mean_gx));
+        store_pack(dx + col, out);
+      }
+    }
+  }
+  if (!want_params) return;  // uniform over the grid
+
+  // Fold: lanes l, l + kTpr, ... of a warp own the same columns.
+#pragma unroll
+  for (int offset = kTpr; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kNv; ++i)
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        dg[i][k] += __shfl_xor_sync(0xffffffffu, dg[i][k], offset);
+        db[i][k] += __shfl_xor_sync(0xffffffffu, db[i][k], offset);
+      }
+  }
+  float* partials = static_cast<float*>(p.workspace);
+  for (int which = 0; which < 2; ++which) {
+    if (group_in_warp == 0) {
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int col = (i * kTpr + lane) * kV;
+        if (col < cols)
+#pragma unroll
+          for (int k = 0; k < kV; ++k) fold[warp * cols + col + k] = which == 0 ? dg[i][k] : db[i][k];
+      }
+    }
+    __syncthreads();
+    float* dst = partials + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * cols;
+    for (int c = threadIdx.x; c < cols; c += kRegsBlock) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kRegsWarps; ++w) s += fold[w * cols + c];
+      dst[c] = s;
+    }
+    __syncthreads();
+  }
+}
+
+inline int regs_accesses(int64_t cols, int vec, int tpr) {
+  const int64_t need = (cols + static_cast<int64_t>(vec) * tpr - 1) / (static_cast<int64_t>(vec) * tpr);
+  for (int nv = 1; nv <= kMaxAccessesPerThread; nv *= 2)
+    if (nv >= need) return nv;
+  return 0;
+}
+
+std::size_t regs_fold_bytes(int64_t cols) { return static_cast<std::size_t>(kRegsWarps) * cols * sizeof(float); }
+
+// Opts the kernel into more than 48 KB of dynamic shared memory when the fold needs it.
+template <typename K>
+cudaError_t allow_smem(K kernel, std::size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
+template <int kTpr, typename T, int kNv>
+int regs_grid(const BwdParams& p) {
+  constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
+  auto kernel = bwd_regs_kernel<T, kTpr, kNv>;
+  // The fold's shared memory grows with cols; remember the last answer per instantiation.
+  thread_local int64_t cached_cols = -1;
+  thread_local int cached_resident = 1;
+  if (cached_cols != p.cols) {
+    const std::size_t smem = regs_fold_bytes(p.cols);
+    if (allow_smem(kernel, smem) != cudaSuccess) (void)cudaGetLastError();
+    cached_resident = resident_blocks(kernel, kRegsBlock, smem, 1);
+    cached_cols = p.cols;
+  }
+  const int64_t needed = (p.rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
+  const int64_t full = static_cast<int64_t>(cached_resident) * p.sm_count;
+  return static_cast<int>(needed < full ? needed : full);
+}
+
+template <int kTpr, typename T, int kNv>
+cudaError_t launch_bwd_regs(const BwdParams& p, cudaStream_t stream) {
+  const int grid = regs_grid<kTpr, T, kNv>(p);
+  auto kernel = bwd_regs_kernel<T, kTpr, kNv>;
+  const std::size_t smem = regs_fold_bytes(p.cols);
+  if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+  kernel<<<grid, kRegsBlock, smem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_reduce_partials<T>(p, static_cast<const float*>(p.workspace), grid, stream);
+}
+
+template <int kTpr, typename F>
+decltype(auto) dispatch_regs(const BwdParams& p, F&& f) {
+  return dispatch_dtype(p.dtype, [&]<typename T>() {
+    switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
+      case 1: return f.template operator()<T, 1>();
+      case 2: return f.template operator()<T, 2>();
+      case 4: return f.template operator()<T, 4>();
+      default: return f.template operator()<T, 8>();
+    }
+  });
+}
+
+// ---- block per row ------------------------------------------------------------------------------
+
+constexpr int kBlockThreads = 256;
+constexpr std::size_t kBlockSmemLimit = 160 * 1024;
+
+template <typename T, bool kVectorized>
+__global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParams p) {
+  extern __shared__ float acc[];  // [2][cols]: this block's dgamma and dbeta partials
+  __shared__ float2 scratch[32];
+  constexpr int kV = kVectorized ? kVec<T> : 1;
+  const int64_t cols = p.cols;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const int64_t step = static_cast<int64_t>(kBlockThreads) * kV;
+  float* acc_dg = acc;
+  float* acc_db = acc + cols;
+  // Every column belongs to one thread for the whole kernel: no barrier around acc.
+  for (int64_t c = threadIdx.x * kV; c < cols; c += step)
+#pragma unroll
+    for (int k = 0; k < kV; ++k) acc_dg[c + k] = acc_db[c + k] = 0.f;
+
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+    const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+      float xv[kV], dv[kV], gv[kV];
+      if constexpr (kVectorized) {
+        const Pack<T> xp = load_pack(x + c), dp = load_pack(dy + c);
+        Pack<T> gp;
+        if (gamma) gp = load_pack(gamma + c);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          xv[k] = to_float(xp.v[k]);
+          dv[k] = to_float(dp.v[k]);
+          gv[k] = gamma ? to_float(gp.v[k]) : 1.f;
+        }
+      } else {
+        xv[0] = to_float(x[c]);
+        dv[0] = to_float(dy[c]);
+        gv[0] = gamma ? to_float(gamma[c]) : 1.f;
+      }
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = dv[k] * gv[k];
+        sum_g += g;
+        sum_gx += g * xhat;
+        acc_dg[c + k] += dv[k] * xhat;
+        acc_db[c + k] += dv[k];
+      }
+    }
+    const float2 sums = block_sum2(sum_g, sum_gx, scratch);
+    if (!p.dx) continue;
+    const float mean_g = sums.x * inv_cols, mean_gx = sums.y * inv_cols;
+    T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
+    for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+      if constexpr (kVectorized) {
+        const Pack<T> xp = load_pack(x + c), dp = load_pack(dy + c);
+        Pack<T> gp, out;
+        if (gamma) gp = load_pack(gamma + c);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float xhat = (to_float(xp.v[k]) - mean) * rstd;
+          const float g = gamma ? to_float(dp.v[k]) * to_float(gp.v[k]) : to_float(dp.v[k]);
+          out.v[k] = from_float<T>(rstd * (g - mean_g - xhat * mean_gx));
+        }
+        store_pack(dx + c, out);
+      } else {
+        const float xhat = (to_float(x[c]) - mean) * rstd;
+        const float g = gamma ? to_float(dy[c]) * to_float(gamma[c]) : to_float(dy[c]);
+        dx[c] = from_float<T>(rstd * (g - mean_g - xhat * mean_gx));
+      }
+    }
+  }
+  float* partials = static_cast<float*>(p.workspace);
+  if (partials == nullptr) return;
+  float* dst_dg = partials + static_cast<int64_t>(blockIdx.x) * cols;
+  float* dst_db = partials + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x * kV; c < cols; c += step)
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      dst_dg[c + k] = acc_dg[c + k];
+      dst_db[c + k] = acc_db[c + k];
+    }
+}
+
+bool bwd_vectorizable(const BwdParams& p) {
+  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
+  return p.cols % vec == 0 && aligned16(p.x) && aligned16(p.dy) && (!p.dx || aligned16(p.dx)) &&
+         (!p.gamma || aligned16(p.gamma));
+}
+
+std::size_t block_smem(int64_t cols) { return 2 * static_cast<std::size_t>(cols) * sizeof(float); }
+
+template <typename T>
+auto block_kernel(bool vectorized) {
+  return vectorized ? bwd_block_kernel<T, true> : bwd_block_kernel<T, false>;
+}
+
+int block_grid(const BwdParams& p) {
+  // Resident blocks depend on the row's shared memory; one query per call is cheap next to the kernel.
+  return dispatch_dtype(p.dtype, [&]<typename T>() {
+    auto kernel = block_kernel<T>(bwd_vectorizable(p));
+    if (allow_smem(kernel, block_smem(p.cols)) != cudaSuccess) (void)cudaGetLastError();
+    const int resident = resident_blocks(kernel, kBlockThreads, block_smem(p.cols), p.sm_count);
+    return static_cast<int>(p.rows < resident ? p.rows : resident);
+  });
+}
+
+}  // namespace
+
+template <int kTpr>
+bool bwd_regs_supports(const BwdParams& p) {
+  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
+  return p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && regs_accesses(p.cols, vec, kTpr) > 0 &&
+         regs_fold_bytes(p.cols) <= kBlockSmemLimit;
+}
+
+template <int kTpr>
+std::size_t bwd_regs_workspace(const BwdParams& p) {
+  if (!p.dgamma && !p.dbeta) return 0;
+  return dispatch_regs<kTpr>(p, [&]<typename T, int kNv>() { return partials_bytes(regs_grid<kTpr, T, kNv>(p), p.cols); });
+}
+
+template <int kTpr>
+cudaError_t bwd_regs_run(const BwdParams& p, cudaStream_t stream) {
+  return dispatch_regs<kTpr>(p, [&]<typename T, int kNv>() { return launch_bwd_regs<kTpr, T, kNv>(p, stream); });
+}
+
+template bool bwd_regs_supports<4>(const BwdParams&);
+template bool bwd_regs_supports<8>(const BwdParams&);
+template bool bwd_regs_supports<16>(const BwdParams&);
+template bool bwd_regs_supports<32>(const BwdParams&);
+template std::size_t bwd_regs_workspace<4>(const BwdParams&);
+template std::size_t bwd_regs_workspace<8>(const BwdParams&);
+template std::size_t bwd_regs_workspace<16>(const BwdParams&);
+template std::size_t bwd_regs_workspace<32>(const BwdParams&);
+template cudaError_t bwd_regs_run<4>(const BwdParams&, cudaStream_t);
+template cudaError_t bwd_regs_run<8>(const BwdParams&, cudaStream_t);
+template cudaError_t bwd_regs_run<16>(const BwdParams&, cudaStream_t);
+template cudaError_t bwd_regs_run<32>(const BwdParams&, cudaStream_t);
+
+bool bwd_block_supports(const BwdParams& p) {
+  return p.rows > 0 && p.cols > 0 && block_smem(p.cols) <= kBlockSmemLimit;
+}
+
+std::size_t bwd_block_workspace(const BwdParams& p) {
+  if (!p.dgamma && !p.dbeta) return 0;
+  return partials_bytes(block_grid(p), p.cols);
+}
+
+cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream) {
+  const int grid = block_grid(p);
+  const std::size_t smem = block_smem(p.cols);
+  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    auto kernel = block_kernel<T>(bwd_vectorizable(p));
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+    BwdParams q = p;
+    if (!p.dgamma && !p.dbeta) q.workspace = nullptr;
+    kernel<<<grid, kBlockThreads, smem, stream>>>(q);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return launch_reduce_partials<T>(p, static_cast<const float*>(p.workspace), grid, stream);
+  });
+}
+
+}  // namespace hfnn::kernels::layer_norm

@@ -1,0 +1,254 @@
+// LayerNorm forward variants.
+//
+//   fwd_regs_tpr{4,8,16,32}  kTpr threads share a row; the row lives in registers (kNv 16-byte
+//                            accesses per thread, the smallest of 1/2/4/8 that covers cols), so x is
+//                            read from memory exactly once and mean and variance come from registers
+//                            (two-pass variance, no Welford). Small kTpr gives each thread more loads
+//                            in flight; large kTpr spreads a wide row. Needs cols % (16/sizeof(T)) == 0
+//                            and 16-byte aligned pointers.
+//   fwd_block                One block per row, the row staged in shared memory as float; scalar
+//                            accesses when the row is not 16-byte aligned, so it takes any cols that
+//                            fit in shared memory (odd sizes, D = 1, very wide rows).
+#include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_variants.h"
+
+namespace hfnn::kernels::layer_norm {
+namespace {
+
+constexpr int kRegsBlock = 128;
+
+template <typename T, int kTpr, int kNv>
+__global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p) {
+  constexpr int kV = kVec<T>;
+  constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
+  constexpr int kGroupsPerWarp = 32 / kTpr;
+  const int lane = threadIdx.x % kTpr;
+  const int warp = threadIdx.x / 32;
+  const int group_in_warp = (threadIdx.x % 32) / kTpr;
+  const int cols = static_cast<int>(p.cols);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(p.beta);
+
+  // The loop bound is the warp's first row, so whole warps iterate together and the shuffles
+  // always see all 32 lanes; groups past the last row compute on zeros and store nothing.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp; row0 < p.rows;
+       row0 += stride) {
+    const int64_t row = row0 + group_in_warp;
+    const bool valid = row < p.rows;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+
+    float v[kNv][kV];
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int col = (i * kTpr + lane) * kV;
+      if (valid && col < cols) {
+        const Pack<T> pk = load_pack(x + col);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          v[i][k] = to_float(pk.v[k]);
+          sum += v[i][k];
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) v[i][k] = 0.f;
+      }
+    }
+    const float mean = group_sum<kTpr>(sum) * inv_cols;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      if ((i * kTpr + lane) * kV < cols) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = v[i][k] - mean;
+          sq += d * d;
+        }
+      }
+    }
+    const float rstd = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
+    if (!valid) continue;
+
+    T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int col = (i * kTpr + lane) * kV;
+      if (col < cols) {
+        Pack<T> out;
+        if (gamma) {
+          const Pack<T> g = load_pack(gamma + col);
+          if (beta) {
+            const Pack<T> b = load_pack(beta + col);
+#pragma unroll
+            for (int k = 0; k < kV; ++k)
+              out.v[k] = from_float<T>((v[i][k] - mean) * rstd * to_float(g.v[k]) + to_float(b.v[k]));
+          } else {
+#pragma unroll
+            for (int k = 0; k < kV; ++k) out.v[k] = from_float<T>((v[i][k] - mean) * rstd * to_float(g.v[k]));
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < kV; ++k) out.v[k] = from_float<T>((v[i][k] - mean) * rstd);
+        }
+        store_pack(y + col, out);
+      }
+    }
+    if (lane == 0 && p.mean) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+// Accesses per thread the variant instantiates: the smallest that covers the row.
+inline int regs_accesses(int64_t cols, int vec, int tpr) {
+  const int64_t need = (cols + static_cast<int64_t>(vec) * tpr - 1) / (static_cast<int64_t>(vec) * tpr);
+  for (int nv = 1; nv <= kMaxAccessesPerThread; nv *= 2)
+    if (nv >= need) return nv;
+  return 0;
+}
+
+template <int kTpr, typename T, int kNv>
+cudaError_t launch_fwd_regs(const FwdParams& p, cudaStream_t stream) {
+  constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
+  const int64_t blocks = (p.rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
+  const unsigned grid = static_cast<unsigned>(blocks < (1 << 30) ? blocks : (1 << 30));
+  fwd_regs_kernel<T, kTpr, kNv><<<grid, kRegsBlock, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// ---- block per row -------------------------------------------------------------------------------
+
+constexpr std::size_t kBlockSmemLimit = 160 * 1024;  // opted in below; Ampere and Hopper allow more
+
+template <typename T, bool kVectorized>
+__global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
+  extern __shared__ float row_buf[];
+  __shared__ float2 scratch[32];
+  constexpr int kV = kVectorized ? kVec<T> : 1;
+  const int64_t cols = p.cols;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(p.beta);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kV;
+
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+    T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+    float sum = 0.f;
+    // Each thread reads back only the elements it staged itself, so no barrier is needed between
+    // the passes other than the ones inside block_sum2.
+    for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+      if constexpr (kVectorized) {
+        const Pack<T> pk = load_pack(x + c);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          row_buf[c + k] = to_float(pk.v[k]);
+          sum += row_buf[c + k];
+        }
+      } else {
+        row_buf[c] = to_float(x[c]);
+        sum += row_buf[c];
+      }
+    }
+    const float mean = block_sum2(sum, 0.f, scratch).x * inv_cols;
+    float sq = 0.f;
+    for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float d = row_buf[c + k] - mean;
+        sq += d * d;
+      }
+    }
+    const float rstd = rsqrtf(block_sum2(sq, 0.f, scratch).x * inv_cols + p.eps);
+    for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+      if constexpr (kVectorized) {
+        Pack<T> out;
+        Pack<T> g, b;
+        if (gamma) g = load_pack(gamma + c);
+        if (beta) b = load_pack(beta + c);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          float o = (row_buf[c + k] - mean) * rstd;
+          if (gamma) o *= to_float(g.v[k]);
+          if (beta) o += to_float(b.v[k]);
+          out.v[k] = from_float<T>(o);
+        }
+        store_pack(y + c, out);
+      } else {
+        float o = (row_buf[c] - mean) * rstd;
+        if (gamma) o *= to_float(gamma[c]);
+        if (beta) o += to_float(beta[c]);
+        y[c] = from_float<T>(o);
+      }
+    }
+    if (threadIdx.x == 0 && p.mean) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+bool fwd_vectorizable(const FwdParams& p) {
+  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
+  return p.cols % vec == 0 && aligned16(p.x) && aligned16(p.y) && (!p.gamma || aligned16(p.gamma)) &&
+         (!p.beta || aligned16(p.beta));
+}
+
+}  // namespace
+
+template <int kTpr>
+bool fwd_regs_supports(const FwdParams& p) {
+  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
+  return p.rows > 0 && p.cols > 0 && fwd_vectorizable(p) && regs_accesses(p.cols, vec, kTpr) > 0;
+}
+
+template <int kTpr>
+cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream) {
+  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
+      case 1: return launch_fwd_regs<kTpr, T, 1>(p, stream);
+      case 2: return launch_fwd_regs<kTpr, T, 2>(p, stream);
+      case 4: return launch_fwd_regs<kTpr, T, 4>(p, stream);
+      case 8: return launch_fwd_regs<kTpr, T, 8>(p, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  });
+}
+
+template bool fwd_regs_supports<4>(const FwdParams&);
+template bool fwd_regs_supports<8>(const FwdParams&);
+template bool fwd_regs_supports<16>(const FwdParams&);
+template bool fwd_regs_supports<32>(const FwdParams&);
+template cudaError_t fwd_regs_run<4>(const FwdParams&, cudaStream_t);
+template cudaError_t fwd_regs_run<8>(const FwdParams&, cudaStream_t);
+template cudaError_t fwd_regs_run<16>(const FwdParams&, cudaStream_t);
+template cudaError_t fwd_regs_run<32>(const FwdParams&, cudaStream_t);
+
+bool fwd_block_supports(const FwdParams& p) {
+  return p.rows > 0 && p.cols > 0 && static_cast<std::size_t>(p.cols) * sizeof(float) <= kBlockSmemLimit;
+}
+
+cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream) {
+  const bool vectorized = fwd_vectorizable(p);
+  const int vec = vectorized ? static_cast<int>(16 / dtype_size(p.dtype)) : 1;
+  // About four accesses per thread, 128 to 1024 threads.
+  int64_t threads = ((p.cols / vec + 3) / 4 + 31) / 32 * 32;
+  threads = threads < 128 ? 128 : (threads > 1024 ? 1024 : threads);
+  const std::size_t smem = static_cast<std::size_t>(p.cols) * sizeof(float);
+  const unsigned grid = static_cast<unsigned>(p.rows < (1 << 30) ? p.rows : (1 << 30));
+  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    auto kernel = vectorized ? fwd_block_kernel<T, true> : fwd_block_kernel<T, false>;
+    if (smem > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kBlockSmemLimit));
+      if (err != cudaSuccess) return err;
+    }
+    kernel<<<grid, static_cast<unsigned>(threads), smem, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace hfnn::kernels::layer_norm

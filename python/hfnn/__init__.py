@@ -1,0 +1,25 @@
+"""hfnn: profiling-driven kernel tuning for PyTorch training.
+
+    model = hfnn.to_hfnn(model)   # every nn.LayerNorm now runs hfnn's CUDA kernels
+    model = hfnn.to_torch(model)  # and back, exactly
+"""
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+from . import nn
+from ._ops import build_info, ops_error
+from .convert import to_hfnn, to_torch
+
+try:
+    __version__ = _metadata.version("hfnn")
+except _metadata.PackageNotFoundError:  # imported from a source tree
+    __version__ = "0+unknown"
+
+
+def layer_norm_variants() -> dict:
+    """The LayerNorm kernel variants in this build: {"fwd": [...], "bwd": [...]}."""
+    return build_info().get("variants", {}).get("layer_norm", {"fwd": [], "bwd": []})
+
+
+__all__ = ["nn", "to_hfnn", "to_torch", "build_info", "ops_error", "layer_norm_variants", "__version__"]

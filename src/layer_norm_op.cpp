@@ -1,0 +1,377 @@
+// hfnn::layer_norm as torch ops. The only file that knows both torch and the LayerNorm kernels:
+// it checks inputs, fills the parameter structs, picks a variant and falls back to torch's own
+// kernel for whatever no variant supports.
+//
+//   hfnn::layer_norm_fwd  (out, mean, rstd), the contract of aten::native_layer_norm
+//   hfnn::layer_norm_bwd  (dx, dgamma, dbeta), the contract of aten::native_layer_norm_backward
+//   hfnn::layer_norm      the differentiable op that hfnn.nn.LayerNorm calls
+//   hfnn::layer_norm_supports  whether a named variant can run a given input (for tests and the tuner)
+#include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/layer_norm/layer_norm.h"
+#include "src/layer_norm_select.h"
+
+#define HFNN_KERNELS (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
+#if HFNN_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace hfnn::layer_norm {
+namespace {
+
+namespace k = kernels::layer_norm;
+using at::Tensor;
+using Triple = std::tuple<Tensor, Tensor, Tensor>;
+
+// Rows and columns of the problem; the same checks (and words) as torch's layer_norm.
+std::pair<int64_t, int64_t> rows_cols(const Tensor& input, at::IntArrayRef normalized_shape) {
+  const auto ndim = static_cast<int64_t>(normalized_shape.size());
+  TORCH_CHECK(ndim >= 1, "hfnn.layer_norm: normalized_shape must have at least one dimension, got ",
+              normalized_shape);
+  const auto sizes = input.sizes();
+  const int64_t axis = input.dim() - ndim;
+  TORCH_CHECK(axis >= 0 && sizes.slice(axis).equals(normalized_shape), "hfnn.layer_norm: given normalized_shape=",
+              normalized_shape, ", expected input with shape [*, ",
+              c10::Join(", ", normalized_shape), "], but got input of size ", sizes);
+  int64_t rows = 1, cols = 1;
+  for (int64_t d = 0; d < axis; ++d) rows *= sizes[d];
+  for (int64_t d = axis; d < input.dim(); ++d) cols *= sizes[d];
+  return {rows, cols};
+}
+
+std::vector<int64_t> stat_shape(const Tensor& input, at::IntArrayRef normalized_shape) {
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+  for (size_t i = shape.size() - normalized_shape.size(); i < shape.size(); ++i) shape[i] = 1;
+  return shape;
+}
+
+std::optional<kernels::DType> kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return kernels::DType::kFloat32;
+    case at::kHalf: return kernels::DType::kFloat16;
+    case at::kBFloat16: return kernels::DType::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+
+// Why the kernels cannot take this problem, or an empty string when they can.
+std::string unsupported_reason(const Tensor& input, const std::optional<Tensor>& weight,
+                               const std::optional<Tensor>& bias, int64_t rows, int64_t cols) {
+#if !HFNN_KERNELS
+  return "this build of hfnn has no CUDA kernels";
+#endif
+  if (!input.is_cuda()) return "the input is not a CUDA tensor";
+  if (!kernel_dtype(input.scalar_type())) return fmt::format("dtype {} is not float32, float16 or bfloat16", std::string(c10::toString(input.scalar_type())));
+  if (rows == 0 || cols == 0) return "the input is empty";
+  for (const auto* param : {&weight, &bias}) {
+    if (!param->has_value() || !(*param)->defined()) continue;
+    const Tensor& t = **param;
+    if (t.scalar_type() != input.scalar_type()) return "weight or bias has a dtype other than the input's";
+    if (t.device() != input.device()) return "weight or bias is on another device";
+    if (!t.is_contiguous() || t.numel() != cols) return "weight or bias is not a contiguous tensor of normalized_shape";
+  }
+  return {};
+}
+
+const void* data_or_null(const std::optional<Tensor>& t) {
+  return t.has_value() && t->defined() ? t->data_ptr() : nullptr;
+}
+
+Triple torch_fwd(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                 const std::optional<Tensor>& bias, double eps) {
+  return at::native_layer_norm(input, normalized_shape, weight, bias, eps);
+}
+
+Triple torch_bwd(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
+                 const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                 std::array<bool, 3> output_mask) {
+  return at::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+}
+
+#if HFNN_KERNELS
+template <typename Variant>
+std::string known_names(std::span<const Variant> variants) {
+  std::string out;
+  for (const auto& v : variants) out += (out.empty() ? "" : ", ") + std::string(v.name);
+  return out;
+}
+
+// The named variant, or the heuristic's choice when the name is empty. Null: nothing supports it.
+template <typename Variant, typename Params, typename Find, typename Default>
+const Variant* choose(std::string_view name, const Params& p, std::span<const Variant> all, Find find, Default fallback) {
+  if (name.empty()) return fallback(p);
+  const Variant* v = find(name);
+  TORCH_CHECK(v, "hfnn.layer_norm: no variant named '", std::string(name), "'; known: ", known_names(all));
+  TORCH_CHECK(v->supports(p), "hfnn.layer_norm: variant '", std::string(name), "' does not support rows=", p.rows,
+              " cols=", p.cols, " dtype=", std::string(kernels::dtype_name(p.dtype)),
+              " (alignment or size); see hfnn.layer_norm_variants()");
+  return v;
+}
+
+void check_launch(cudaError_t err, std::string_view name) {
+  TORCH_CHECK(err == cudaSuccess, "hfnn.layer_norm: variant ", std::string(name), " failed: ", cudaGetErrorString(err));
+}
+
+int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+#endif
+
+Triple fwd_cuda(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                const std::optional<Tensor>& bias, double eps, c10::string_view variant) {
+  const auto [rows, cols] = rows_cols(input, normalized_shape);
+  const std::string reason = unsupported_reason(input, weight, bias, rows, cols);
+  if (!reason.empty()) {
+    TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant), "' cannot run: ", reason);
+    return torch_fwd(input, normalized_shape, weight, bias, eps);
+  }
+#if HFNN_KERNELS
+  const c10::cuda::CUDAGuard guard(input.device());
+  const Tensor x = input.contiguous();
+  Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
+  Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  k::FwdParams p;
+  p.x = x.data_ptr();
+  p.gamma = data_or_null(weight);
+  p.beta = data_or_null(bias);
+  p.y = y.data_ptr();
+  p.mean = mean.data_ptr<float>();
+  p.rstd = rstd.data_ptr<float>();
+  p.rows = rows;
+  p.cols = cols;
+  p.eps = static_cast<float>(eps);
+  p.dtype = *kernel_dtype(x.scalar_type());
+  const k::FwdVariant* v = choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, default_fwd);
+  if (!v) return torch_fwd(input, normalized_shape, weight, bias, eps);
+  check_launch(v->run(p, at::cuda::getCurrentCUDAStream()), v->name);
+  const auto shape = stat_shape(input, normalized_shape);
+  return {y, mean.view(shape), rstd.view(shape)};
+#else
+  return torch_fwd(input, normalized_shape, weight, bias, eps);
+#endif
+}
+
+Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
+                const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                std::array<bool, 3> output_mask, c10::string_view variant) {
+  const auto [rows, cols] = rows_cols(input, normalized_shape);
+  std::string reason = unsupported_reason(input, weight, bias, rows, cols);
+  if (reason.empty() && (grad_out.scalar_type() != input.scalar_type() || !grad_out.sizes().equals(input.sizes())))
+    reason = "grad_out differs from the input in dtype or shape";
+  if (reason.empty() && (mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
+                         mean.numel() != rows || rstd.numel() != rows))
+    reason = "mean and rstd are not float32 with one value per row (not from a CUDA forward)";
+  if (!reason.empty()) {
+    TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant), "' cannot run: ", reason);
+    return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+  }
+#if HFNN_KERNELS
+  const c10::cuda::CUDAGuard guard(input.device());
+  const Tensor x = input.contiguous();
+  const Tensor dy = grad_out.contiguous();
+  const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
+  const bool has_weight = weight.has_value() && weight->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  Tensor dx = output_mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : Tensor();
+  Tensor dgamma = output_mask[1] && has_weight ? at::empty_like(*weight) : Tensor();
+  Tensor dbeta = output_mask[2] && has_bias ? at::empty_like(*bias) : Tensor();
+  k::BwdParams p;
+  p.dy = dy.data_ptr();
+  p.x = x.data_ptr();
+  p.mean = mean_c.data_ptr<float>();
+  p.rstd = rstd_c.data_ptr<float>();
+  p.gamma = data_or_null(weight);
+  p.dx = dx.defined() ? dx.data_ptr() : nullptr;
+  p.dgamma = dgamma.defined() ? dgamma.data_ptr() : nullptr;
+  p.dbeta = dbeta.defined() ? dbeta.data_ptr() : nullptr;
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = *kernel_dtype(x.scalar_type());
+  p.sm_count = sm_count();
+  const k::BwdVariant* v = choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, default_bwd);
+  if (!v) return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+  const std::size_t bytes = v->workspace_bytes(p);
+  Tensor workspace;
+  if (bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  check_launch(v->run(p, at::cuda::getCurrentCUDAStream()), v->name);
+  return {dx, dgamma, dbeta};
+#else
+  return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+#endif
+}
+
+// CPU tensors: torch's kernels, always.
+Triple fwd_cpu(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+               const std::optional<Tensor>& bias, double eps, c10::string_view variant) {
+  TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant),
+              "' cannot run: the input is not a CUDA tensor");
+  return torch_fwd(input, normalized_shape, weight, bias, eps);
+}
+
+Triple bwd_cpu(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
+               const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+               std::array<bool, 3> output_mask, c10::string_view variant) {
+  TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant),
+              "' cannot run: the input is not a CUDA tensor");
+  return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+}
+
+// Shapes only, for FakeTensor / torch.compile tracing. Statistics are float32 for reduced-precision
+// inputs, as on CUDA.
+Triple fwd_meta(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                const std::optional<Tensor>& bias, double eps, c10::string_view variant) {
+  rows_cols(input, normalized_shape);
+  const auto stat_dtype = at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true);
+  const auto shape = stat_shape(input, normalized_shape);
+  return {at::empty_like(input, at::MemoryFormat::Contiguous), at::empty(shape, input.options().dtype(stat_dtype)),
+          at::empty(shape, input.options().dtype(stat_dtype))};
+}
+
+Triple bwd_meta(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
+                const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                std::array<bool, 3> output_mask, c10::string_view variant) {
+  rows_cols(input, normalized_shape);
+  return {output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : Tensor(),
+          output_mask[1] && weight.has_value() && weight->defined() ? at::empty_like(*weight) : Tensor(),
+          output_mask[2] && bias.has_value() && bias->defined() ? at::empty_like(*bias) : Tensor()};
+}
+
+const c10::TypedOperatorHandle<Triple(const Tensor&, at::IntArrayRef, const std::optional<Tensor>&,
+                                      const std::optional<Tensor>&, double, c10::string_view)>&
+fwd_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("hfnn::layer_norm_fwd", "")
+                             .typed<Triple(const Tensor&, at::IntArrayRef, const std::optional<Tensor>&,
+                                           const std::optional<Tensor>&, double, c10::string_view)>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<Triple(const Tensor&, const Tensor&, at::IntArrayRef, const Tensor&, const Tensor&,
+                                      const std::optional<Tensor>&, const std::optional<Tensor>&,
+                                      std::array<bool, 3>, c10::string_view)>&
+bwd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("hfnn::layer_norm_bwd", "")
+          .typed<Triple(const Tensor&, const Tensor&, at::IntArrayRef, const Tensor&, const Tensor&,
+                        const std::optional<Tensor>&, const std::optional<Tensor>&, std::array<bool, 3>,
+                        c10::string_view)>();
+  return op;
+}
+
+// Autograd sees only the tensor arguments that are present: needs_input_grad(0) is the input, then
+// weight if given, then bias if given.
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input, at::IntArrayRef normalized_shape,
+                        const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mean, rstd] = fwd_op().call(input, normalized_shape, weight, bias, eps, "");
+    ctx->save_for_backward({input, mean, rstd, weight.value_or(Tensor()), bias.value_or(Tensor())});
+    ctx->saved_data["normalized_shape"] = normalized_shape.vec();
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto normalized_shape = ctx->saved_data["normalized_shape"].toIntVector();
+    const bool has_weight = saved[3].defined(), has_bias = saved[4].defined();
+    const std::optional<Tensor> weight = has_weight ? std::optional<Tensor>(saved[3]) : std::nullopt;
+    const std::optional<Tensor> bias = has_bias ? std::optional<Tensor>(saved[4]) : std::nullopt;
+    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), has_weight && ctx->needs_input_grad(1),
+                                      has_bias && ctx->needs_input_grad(has_weight ? 2 : 1)};
+    auto [dx, dgamma, dbeta] =
+        bwd_op().call(grads[0], saved[0], normalized_shape, saved[1], saved[2], weight, bias, mask, "");
+    return {dx, Tensor(), dgamma, dbeta, Tensor()};
+  }
+};
+
+Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                           const std::optional<Tensor>& bias, double eps) {
+  return LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
+}
+
+// Below autograd (inference mode, no_grad inside a traced graph): the forward alone.
+Tensor layer_norm_plain(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                        const std::optional<Tensor>& bias, double eps) {
+  return std::get<0>(fwd_op().call(input, normalized_shape, weight, bias, eps, ""));
+}
+
+bool supports(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+              const std::optional<Tensor>& bias, c10::string_view variant) {
+  const auto [rows, cols] = rows_cols(input, normalized_shape);
+  if (!unsupported_reason(input, weight, bias, rows, cols).empty()) return false;
+#if HFNN_KERNELS
+  // Outputs come from torch's allocator (>= 256-byte aligned): x's alignment stands in for theirs.
+  const Tensor x = input.contiguous();
+  const auto dtype = *kernel_dtype(x.scalar_type());
+  if (const auto* v = k::find_fwd(variant)) {
+    k::FwdParams p;
+    p.x = p.y = x.data_ptr();
+    p.gamma = data_or_null(weight);
+    p.beta = data_or_null(bias);
+    p.rows = rows;
+    p.cols = cols;
+    p.dtype = dtype;
+    return v->supports(p);
+  }
+  if (const auto* v = k::find_bwd(variant)) {
+    k::BwdParams p;
+    p.x = p.dy = p.dx = x.data_ptr();
+    p.gamma = data_or_null(weight);
+    p.rows = rows;
+    p.cols = cols;
+    p.dtype = dtype;
+    return v->supports(p);
+  }
+  TORCH_CHECK(false, "hfnn.layer_norm: no variant named '", std::string(variant), "'; known: ",
+              known_names(k::fwd_variants()), ", ", known_names(k::bwd_variants()));
+#endif
+  return false;
+}
+
+}  // namespace
+}  // namespace hfnn::layer_norm
+
+TORCH_LIBRARY_FRAGMENT(hfnn, m) {
+  m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor");
+  m.def("layer_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str variant='') -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, str variant='') -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_supports(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, str variant) -> bool");
+  m.impl("layer_norm_supports", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::supports));
+}
+
+TORCH_LIBRARY_IMPL(hfnn, CUDA, m) {
+  m.impl("layer_norm_fwd", TORCH_FN(hfnn::layer_norm::fwd_cuda));
+  m.impl("layer_norm_bwd", TORCH_FN(hfnn::layer_norm::bwd_cuda));
+}
+
+TORCH_LIBRARY_IMPL(hfnn, CPU, m) {
+  m.impl("layer_norm_fwd", TORCH_FN(hfnn::layer_norm::fwd_cpu));
+  m.impl("layer_norm_bwd", TORCH_FN(hfnn::layer_norm::bwd_cpu));
+}
+
+TORCH_LIBRARY_IMPL(hfnn, Meta, m) {
+  m.impl("layer_norm_fwd", TORCH_FN(hfnn::layer_norm::fwd_meta));
+  m.impl("layer_norm_bwd", TORCH_FN(hfnn::layer_norm::bwd_meta));
+}
+
+TORCH_LIBRARY_IMPL(hfnn, Autograd, m) { m.impl("layer_norm", TORCH_FN(hfnn::layer_norm::layer_norm_autograd)); }
+
+TORCH_LIBRARY_IMPL(hfnn, CompositeExplicitAutograd, m) {
+  m.impl("layer_norm", TORCH_FN(hfnn::layer_norm::layer_norm_plain));
+}

@@ -1,0 +1,45 @@
+"""The hfnn executable: version, help, variants, and one-line errors for bad input."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+import hfnn
+
+HFNN = shutil.which("hfnn")
+pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
+
+
+def run(*args):
+    return subprocess.run([HFNN, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version_matches_the_python_package():
+    out = run("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"hfnn {hfnn.__version__}"
+
+
+def test_help_teaches_the_commands():
+    for args in ([], ["--help"]):
+        out = run(*args)
+        assert out.returncode == 0
+        assert "variants" in out.stdout and "to_hfnn" in out.stdout
+
+
+def test_variants_json_matches_the_op_library():
+    out = run("variants", "--json")
+    assert out.returncode == 0
+    rows = json.loads(out.stdout)
+    names = {"fwd": [r["name"] for r in rows if r["pass"] == "fwd"], "bwd": [r["name"] for r in rows if r["pass"] == "bwd"]}
+    assert names == hfnn.layer_norm_variants()
+
+
+def test_bad_input_is_one_line_and_nonzero():
+    for args in (["--bogus"], ["nonsense"], ["variants", "--what"]):
+        out = run(*args)
+        assert out.returncode != 0
+        lines = [line for line in (out.stderr + out.stdout).splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert "hfnn --help" in lines[0]
