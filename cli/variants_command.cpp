@@ -47,8 +47,8 @@ int run_variants(const VariantsOptions& options) {
                "Rebuild with the CUDA Toolkit installed (nvcc on PATH) to get them.\n");
     return 0;
   }
-  fmt::print("{:<11} {:<4} {:<16} {}\n", "op", "pass", "variant", "idea");
-  for (const auto& r : rows) fmt::print("{:<11} {:<4} {:<16} {}\n", r.op, r.pass, r.name, r.idea);
+  fmt::print("{:<11} {:<4} {:<18} {}\n", "op", "pass", "variant", "idea");
+  for (const auto& r : rows) fmt::print("{:<11} {:<4} {:<18} {}\n", r.op, r.pass, r.name, r.idea);
   fmt::print("\nBuilt for CUDA architectures {}.\n", HFNN_CUDA_ARCHITECTURES);
   return 0;
 }

@@ -3,10 +3,9 @@
 # tests (pytest). GPU tests skip with a printed reason on a machine without a CUDA device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-build=$(ls -d build/"$tag"-* 2>/dev/null | head -n 1 || true)
-if [ -z "$build" ]; then
-  echo "hfnn tests: no build under build/$tag-*: run scripts/setup.sh first" >&2
+build=$(ls -d build/py3-none-* 2>/dev/null | head -n 1 || true)
+if [ -z "$build" ] || [ ! -x "$build/hfnn_kernel_tests" ]; then
+  echo "hfnn tests: no build under build/py3-none-*: run scripts/setup.sh first" >&2
   exit 1
 fi
 # The gtest binary directly, so a skipped GPU test prints its reason.

@@ -8,6 +8,7 @@
 //   hfnn::layer_norm_supports  whether a named variant can run a given input (for tests and the tuner)
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -305,6 +306,28 @@ Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef normalized_shape
   return LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
 }
 
+const c10::TypedOperatorHandle<Tensor(const Tensor&, at::IntArrayRef, const std::optional<Tensor>&,
+                                      const std::optional<Tensor>&, double)>&
+layer_norm_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("hfnn::layer_norm", "")
+                             .typed<Tensor(const Tensor&, at::IntArrayRef, const std::optional<Tensor>&,
+                                           const std::optional<Tensor>&, double)>();
+  return op;
+}
+
+// Under CUDA autocast torch runs layer_norm in float32 (its policy lists it as fp32): so do we,
+// casting exactly as torch's own autocast kernel does, then running our kernels in float32. (CPU
+// autocast leaves layer_norm alone, and so does our op: it falls through to torch's CPU kernel.)
+template <c10::DispatchKey kKey, c10::DeviceType kDevice>
+Tensor layer_norm_autocast(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                           const std::optional<Tensor>& bias, double eps) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
+  return layer_norm_op().call(at::autocast::cached_cast(at::kFloat, input, kDevice), normalized_shape,
+                              at::autocast::cached_cast(at::kFloat, weight, kDevice),
+                              at::autocast::cached_cast(at::kFloat, bias, kDevice), eps);
+}
+
 // Below autograd (inference mode, no_grad inside a traced graph): the forward alone.
 Tensor layer_norm_plain(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                         const std::optional<Tensor>& bias, double eps) {
@@ -371,6 +394,10 @@ TORCH_LIBRARY_IMPL(hfnn, Meta, m) {
 }
 
 TORCH_LIBRARY_IMPL(hfnn, Autograd, m) { m.impl("layer_norm", TORCH_FN(hfnn::layer_norm::layer_norm_autograd)); }
+
+TORCH_LIBRARY_IMPL(hfnn, AutocastCUDA, m) {
+  m.impl("layer_norm", TORCH_FN((hfnn::layer_norm::layer_norm_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>)));
+}
 
 TORCH_LIBRARY_IMPL(hfnn, CompositeExplicitAutograd, m) {
   m.impl("layer_norm", TORCH_FN(hfnn::layer_norm::layer_norm_plain));

@@ -37,6 +37,45 @@ __device__ __forceinline__ Pack<T> load_pack(const T* p) { return *reinterpret_c
 template <typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<Pack<T>*>(p) = v; }
 
+// A pack to floats and back, two elements per conversion instruction for 16-bit types (the
+// backward is issue-bound enough in bf16 that conversions show; rounding is to nearest even).
+template <typename T>
+__device__ __forceinline__ void unpack(const Pack<T>& p, float (&out)[kVec<T>]) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int k = 0; k < kVec<T>; ++k) out[k] = p.v[k];
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const T2* two = reinterpret_cast<const T2*>(p.v);
+#pragma unroll
+    for (int k = 0; k < kVec<T> / 2; ++k) {
+      float2 f;
+      if constexpr (std::is_same_v<T, __half>) f = __half22float2(two[k]);
+      else f = __bfloat1622float2(two[k]);
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T> pack(const float (&in)[kVec<T>]) {
+  Pack<T> p;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int k = 0; k < kVec<T>; ++k) p.v[k] = in[k];
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    T2* two = reinterpret_cast<T2*>(p.v);
+#pragma unroll
+    for (int k = 0; k < kVec<T> / 2; ++k) {
+      if constexpr (std::is_same_v<T, __half>) two[k] = __floats2half2_rn(in[2 * k], in[2 * k + 1]);
+      else two[k] = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
+    }
+  }
+  return p;
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // Sum over the `width` consecutive lanes of a group (width a power of two <= 32); every lane of the

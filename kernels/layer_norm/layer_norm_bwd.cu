@@ -57,12 +57,21 @@ cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, in
   return cudaGetLastError();
 }
 
-template <typename T, int kTpr, int kNv>
-__global__ void __launch_bounds__(kRegsBlock) bwd_regs_kernel(const BwdParams p) {
+// Resident blocks the compiler must leave room for, by elements a thread holds per iteration:
+// small slices are latency-bound and want occupancy more than registers. Bounding 16 elements
+// to 3 blocks (80 registers) spilled 16 to 80 bytes, so larger slices are left unbounded.
+constexpr int regs_min_blocks(int elements) { return elements <= 8 ? 4 : 1; }
+
+template <typename T, int kTpr, int kNv, int kRows>
+__global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec<T>)) bwd_regs_kernel(const BwdParams p) {
   extern __shared__ float fold[];  // [kRegsWarps][cols]
   constexpr int kV = kVec<T>;
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
+  // A group works on kRows rows at once: all their loads are issued before any use.
+  // A thread owns the same columns for the whole (persistent) kernel, so where its slice is small
+  // gamma is read and converted once, not once per row.
+  constexpr bool kHoldGamma = kNv * kV <= 16;
   const int lane = threadIdx.x % kTpr;
   const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
@@ -71,59 +80,111 @@ __global__ void __launch_bounds__(kRegsBlock) bwd_regs_kernel(const BwdParams p)
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const bool want_params = p.dgamma || p.dbeta;
 
-  float dg[kNv][kV], db[kNv][kV];
+  float dg[kNv][kV], db[kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
 #pragma unroll
-  for (int i = 0; i < kNv; ++i)
+  for (int i = 0; i < kNv; ++i) {
 #pragma unroll
     for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
-
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp; row0 < p.rows;
-       row0 += stride) {
-    const int64_t row = row0 + group_in_warp;
-    const bool valid = row < p.rows;
-    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
-    const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
-    const float mean = valid ? p.mean[row] : 0.f;
-    const float rstd = valid ? p.rstd[row] : 0.f;
-
-    float xhat[kNv][kV], g[kNv][kV];
-    float sum_g = 0.f, sum_gx = 0.f;
-#pragma unroll
-    for (int i = 0; i < kNv; ++i) {
+    if constexpr (kHoldGamma) {
       const int col = (i * kTpr + lane) * kV;
-      if (valid && col < cols) {
-        const Pack<T> xp = load_pack(x + col);
-        const Pack<T> dp = load_pack(dy + col);
-        Pack<T> gp;
-        if (gamma) gp = load_pack(gamma + col);
+      if (gamma && col < cols) unpack(load_pack(gamma + col), held_gamma[i]);
+      else
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float d = to_float(dp.v[k]);
-          xhat[i][k] = (to_float(xp.v[k]) - mean) * rstd;
-          g[i][k] = gamma ? d * to_float(gp.v[k]) : d;
-          sum_g += g[i][k];
-          sum_gx += g[i][k] * xhat[i][k];
-          dg[i][k] += d * xhat[i][k];
-          db[i][k] += d;
+        for (int k = 0; k < kV; ++k) held_gamma[i][k] = 1.f;
+    }
+  }
+  // gamma for access i, as floats (1 where there is no gamma).
+  auto gamma_of = [&](int i, float (&out)[kV]) {
+    if constexpr (kHoldGamma) {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = held_gamma[i][k];
+    } else if (gamma) {
+      unpack(load_pack(gamma + (i * kTpr + lane) * kV), out);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = 1.f;
+    }
+  };
+
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock * kRows;
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp) * kRows;
+       row0 < p.rows; row0 += stride) {
+    // x and dy stay in registers as loaded (half the registers of floats for 16-bit types).
+    Pack<T> xs[kRows][kNv], ds[kRows][kNv];
+    // xhat = (x - mean) * rstd, as a subtraction first: the fma form x * rstd - mean * rstd cancels
+    // badly where |mean| >> std.
+    float mean[kRows], rstd[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = row0 + r * kGroupsPerWarp + group_in_warp;
+      const bool valid = row < p.rows;
+      const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+      const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
+      mean[r] = valid ? p.mean[row] : 0.f;
+      rstd[r] = valid ? p.rstd[row] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int col = (i * kTpr + lane) * kV;
+        if (valid && col < cols) {
+          xs[r][i] = load_pack(x + col);
+          ds[r][i] = load_pack(dy + col);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kV; ++k) xs[r][i].v[k] = ds[r][i].v[k] = from_float<T>(0.f);
         }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) xhat[i][k] = g[i][k] = 0.f;
       }
     }
-    const float mean_g = group_sum<kTpr>(sum_g) * inv_cols;
-    const float mean_gx = group_sum<kTpr>(sum_gx) * inv_cols;
-    if (!valid || !p.dx) continue;
-    T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
+    float sum_g[kRows], sum_gx[kRows];
 #pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      const int col = (i * kTpr + lane) * kV;
-      if (col < cols) {
-        Pack<T> out;
+    for (int r = 0; r < kRows; ++r) {
+      sum_g[r] = sum_gx[r] = 0.f;
 #pragma unroll
-        for (int k = 0; k < kV; ++k) out.v[k] = from_float<T>(rstd * (g[i][k] - mean_g - xhat[i][k] * mean_gx));
-        store_pack(dx + col, out);
+      for (int i = 0; i < kNv; ++i) {
+        if ((i * kTpr + lane) * kV >= cols) continue;
+        float xv[kV], dv[kV], gv[kV];
+        unpack(xs[r][i], xv);
+        unpack(ds[r][i], dv);
+        gamma_of(i, gv);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float xhat = (xv[k] - mean[r]) * rstd[r];
+          const float g = dv[k] * gv[k];
+          sum_g[r] += g;
+          sum_gx[r] = fmaf(g, xhat, sum_gx[r]);
+          dg[i][k] = fmaf(dv[k], xhat, dg[i][k]);  // rows past the end add 0: dy is 0 there
+          db[i][k] += dv[k];
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      sum_g[r] = group_sum<kTpr>(sum_g[r]);
+      sum_gx[r] = group_sum<kTpr>(sum_gx[r]);
+    }
+    if (!p.dx) continue;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = row0 + r * kGroupsPerWarp + group_in_warp;
+      if (row >= p.rows) continue;
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = a * g + c * xhat + b
+      const float a = rstd[r];
+      const float b = -a * sum_g[r] * inv_cols;
+      const float c = -a * sum_gx[r] * inv_cols;
+      T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int col = (i * kTpr + lane) * kV;
+        if (col >= cols) continue;
+        float xv[kV], dv[kV], gv[kV], out[kV];
+        unpack(xs[r][i], xv);
+        unpack(ds[r][i], dv);
+        gamma_of(i, gv);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float xhat = (xv[k] - mean[r]) * rstd[r];
+          out[k] = fmaf(a, dv[k] * gv[k], fmaf(c, xhat, b));
+        }
+        store_pack(dx + col, pack<T>(out));
       }
     }
   }
@@ -163,13 +224,6 @@ __global__ void __launch_bounds__(kRegsBlock) bwd_regs_kernel(const BwdParams p)
   }
 }
 
-inline int regs_accesses(int64_t cols, int vec, int tpr) {
-  const int64_t need = (cols + static_cast<int64_t>(vec) * tpr - 1) / (static_cast<int64_t>(vec) * tpr);
-  for (int nv = 1; nv <= kMaxAccessesPerThread; nv *= 2)
-    if (nv >= need) return nv;
-  return 0;
-}
-
 std::size_t regs_fold_bytes(int64_t cols) { return static_cast<std::size_t>(kRegsWarps) * cols * sizeof(float); }
 
 // Opts the kernel into more than 48 KB of dynamic shared memory when the fold needs it.
@@ -179,10 +233,10 @@ cudaError_t allow_smem(K kernel, std::size_t smem) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
-template <int kTpr, typename T, int kNv>
+template <int kTpr, int kRows, typename T, int kNv>
 int regs_grid(const BwdParams& p) {
-  constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
-  auto kernel = bwd_regs_kernel<T, kTpr, kNv>;
+  constexpr int kGroupsPerBlock = kRegsBlock / kTpr * kRows;
+  auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
   // The fold's shared memory grows with cols; remember the last answer per instantiation.
   thread_local int64_t cached_cols = -1;
   thread_local int cached_resident = 1;
@@ -197,10 +251,10 @@ int regs_grid(const BwdParams& p) {
   return static_cast<int>(needed < full ? needed : full);
 }
 
-template <int kTpr, typename T, int kNv>
+template <int kTpr, int kRows, typename T, int kNv>
 cudaError_t launch_bwd_regs(const BwdParams& p, cudaStream_t stream) {
-  const int grid = regs_grid<kTpr, T, kNv>(p);
-  auto kernel = bwd_regs_kernel<T, kTpr, kNv>;
+  const int grid = regs_grid<kTpr, kRows, T, kNv>(p);
+  auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
   const std::size_t smem = regs_fold_bytes(p.cols);
   if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
   kernel<<<grid, kRegsBlock, smem, stream>>>(p);
@@ -209,15 +263,17 @@ cudaError_t launch_bwd_regs(const BwdParams& p, cudaStream_t stream) {
   return launch_reduce_partials<T>(p, static_cast<const float*>(p.workspace), grid, stream);
 }
 
-template <int kTpr, typename F>
+// Calls f.template operator()<T, kNv>() for the instantiation that fits p (supports() passed).
+template <int kTpr, int kRows, typename F>
 decltype(auto) dispatch_regs(const BwdParams& p, F&& f) {
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
-      case 1: return f.template operator()<T, 1>();
-      case 2: return f.template operator()<T, 2>();
-      case 4: return f.template operator()<T, 4>();
-      default: return f.template operator()<T, 8>();
+    const int nv = regs_accesses(p.cols, kVec<T>, kTpr);
+    if constexpr (kRows == 1) {
+      if (nv == 4) return f.template operator()<T, 4>();
+      if (nv == 8) return f.template operator()<T, 8>();
     }
+    if (nv == 1) return f.template operator()<T, 1>();
+    return f.template operator()<T, 2>();
   });
 }
 
@@ -334,36 +390,40 @@ int block_grid(const BwdParams& p) {
 
 }  // namespace
 
-template <int kTpr>
+template <int kTpr, int kRows>
 bool bwd_regs_supports(const BwdParams& p) {
   const int vec = static_cast<int>(16 / dtype_size(p.dtype));
-  return p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && regs_accesses(p.cols, vec, kTpr) > 0 &&
+  const int nv = regs_accesses(p.cols, vec, kTpr);
+  return p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows) &&
          regs_fold_bytes(p.cols) <= kBlockSmemLimit;
 }
 
-template <int kTpr>
+template <int kTpr, int kRows>
 std::size_t bwd_regs_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
-  return dispatch_regs<kTpr>(p, [&]<typename T, int kNv>() { return partials_bytes(regs_grid<kTpr, T, kNv>(p), p.cols); });
+  return dispatch_regs<kTpr, kRows>(
+      p, [&]<typename T, int kNv>() { return partials_bytes(regs_grid<kTpr, kRows, T, kNv>(p), p.cols); });
 }
 
-template <int kTpr>
+template <int kTpr, int kRows>
 cudaError_t bwd_regs_run(const BwdParams& p, cudaStream_t stream) {
-  return dispatch_regs<kTpr>(p, [&]<typename T, int kNv>() { return launch_bwd_regs<kTpr, T, kNv>(p, stream); });
+  return dispatch_regs<kTpr, kRows>(
+      p, [&]<typename T, int kNv>() { return launch_bwd_regs<kTpr, kRows, T, kNv>(p, stream); });
 }
 
-template bool bwd_regs_supports<4>(const BwdParams&);
-template bool bwd_regs_supports<8>(const BwdParams&);
-template bool bwd_regs_supports<16>(const BwdParams&);
-template bool bwd_regs_supports<32>(const BwdParams&);
-template std::size_t bwd_regs_workspace<4>(const BwdParams&);
-template std::size_t bwd_regs_workspace<8>(const BwdParams&);
-template std::size_t bwd_regs_workspace<16>(const BwdParams&);
-template std::size_t bwd_regs_workspace<32>(const BwdParams&);
-template cudaError_t bwd_regs_run<4>(const BwdParams&, cudaStream_t);
-template cudaError_t bwd_regs_run<8>(const BwdParams&, cudaStream_t);
-template cudaError_t bwd_regs_run<16>(const BwdParams&, cudaStream_t);
-template cudaError_t bwd_regs_run<32>(const BwdParams&, cudaStream_t);
+#define HFNN_BWD_REGS(TPR, ROWS)                                                  \
+  template bool bwd_regs_supports<TPR, ROWS>(const BwdParams&);                   \
+  template std::size_t bwd_regs_workspace<TPR, ROWS>(const BwdParams&);           \
+  template cudaError_t bwd_regs_run<TPR, ROWS>(const BwdParams&, cudaStream_t);
+HFNN_BWD_REGS(4, 1)
+HFNN_BWD_REGS(8, 1)
+HFNN_BWD_REGS(16, 1)
+HFNN_BWD_REGS(32, 1)
+HFNN_BWD_REGS(4, 2)
+HFNN_BWD_REGS(8, 2)
+HFNN_BWD_REGS(16, 2)
+HFNN_BWD_REGS(32, 2)
+#undef HFNN_BWD_REGS
 
 bool bwd_block_supports(const BwdParams& p) {
   return p.rows > 0 && p.cols > 0 && block_smem(p.cols) <= kBlockSmemLimit;

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kRegsBlock = 128;
 
-template <typename T, int kTpr, int kNv>
+template <typename T, int kTpr, int kNv, int kRows>
 __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p) {
   constexpr int kV = kVec<T>;
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
@@ -31,91 +31,95 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
 
   // The loop bound is the warp's first row, so whole warps iterate together and the shuffles
-  // always see all 32 lanes; groups past the last row compute on zeros and store nothing.
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp; row0 < p.rows;
-       row0 += stride) {
-    const int64_t row = row0 + group_in_warp;
-    const bool valid = row < p.rows;
-    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
-
-    float v[kNv][kV];
-    float sum = 0.f;
+  // always see all 32 lanes; groups past the last row compute on zeros and store nothing. Each
+  // group takes kRows rows at once, all loads issued before any use.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock * kRows;
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp) * kRows;
+       row0 < p.rows; row0 += stride) {
+    float v[kRows][kNv][kV];
+    float mean[kRows], rstd[kRows];
 #pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      const int col = (i * kTpr + lane) * kV;
-      if (valid && col < cols) {
-        const Pack<T> pk = load_pack(x + col);
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = row0 + r * kGroupsPerWarp + group_in_warp;
+      const bool valid = row < p.rows;
+      const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          v[i][k] = to_float(pk.v[k]);
-          sum += v[i][k];
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) v[i][k] = 0.f;
-      }
-    }
-    const float mean = group_sum<kTpr>(sum) * inv_cols;
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      if ((i * kTpr + lane) * kV < cols) {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float d = v[i][k] - mean;
-          sq += d * d;
-        }
-      }
-    }
-    const float rstd = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
-    if (!valid) continue;
-
-    T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
-#pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      const int col = (i * kTpr + lane) * kV;
-      if (col < cols) {
-        Pack<T> out;
-        if (gamma) {
-          const Pack<T> g = load_pack(gamma + col);
-          if (beta) {
-            const Pack<T> b = load_pack(beta + col);
-#pragma unroll
-            for (int k = 0; k < kV; ++k)
-              out.v[k] = from_float<T>((v[i][k] - mean) * rstd * to_float(g.v[k]) + to_float(b.v[k]));
-          } else {
-#pragma unroll
-            for (int k = 0; k < kV; ++k) out.v[k] = from_float<T>((v[i][k] - mean) * rstd * to_float(g.v[k]));
-          }
+      for (int i = 0; i < kNv; ++i) {
+        const int col = (i * kTpr + lane) * kV;
+        if (valid && col < cols) {
+          unpack(load_pack(x + col), v[r][i]);
         } else {
 #pragma unroll
-          for (int k = 0; k < kV; ++k) out.v[k] = from_float<T>((v[i][k] - mean) * rstd);
+          for (int k = 0; k < kV; ++k) v[r][i][k] = 0.f;
         }
-        store_pack(y + col, out);
       }
     }
-    if (lane == 0 && p.mean) {
-      p.mean[row] = mean;
-      p.rstd[row] = rstd;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i)
+#pragma unroll
+        for (int k = 0; k < kV; ++k) sum += v[r][i][k];
+      mean[r] = group_sum<kTpr>(sum) * inv_cols;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float sq = 0.f;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        if ((i * kTpr + lane) * kV < cols) {
+#pragma unroll
+          for (int k = 0; k < kV; ++k) {
+            const float d = v[r][i][k] - mean[r];
+            sq += d * d;
+          }
+        }
+      }
+      rstd[r] = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = row0 + r * kGroupsPerWarp + group_in_warp;
+      if (row >= p.rows) continue;
+      T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int col = (i * kTpr + lane) * kV;
+        if (col >= cols) continue;
+        float out[kV];
+        // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
+#pragma unroll
+        for (int k = 0; k < kV; ++k) out[k] = (v[r][i][k] - mean[r]) * rstd[r];
+        if (gamma) {
+          float g[kV];
+          unpack(load_pack(gamma + col), g);
+          if (beta) {
+            float b[kV];
+            unpack(load_pack(beta + col), b);
+#pragma unroll
+            for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < kV; ++k) out[k] *= g[k];
+          }
+        }
+        store_pack(y + col, pack<T>(out));
+      }
+      if (lane == 0 && p.mean) {
+        p.mean[row] = mean[r];
+        p.rstd[row] = rstd[r];
+      }
     }
   }
 }
 
-// Accesses per thread the variant instantiates: the smallest that covers the row.
-inline int regs_accesses(int64_t cols, int vec, int tpr) {
-  const int64_t need = (cols + static_cast<int64_t>(vec) * tpr - 1) / (static_cast<int64_t>(vec) * tpr);
-  for (int nv = 1; nv <= kMaxAccessesPerThread; nv *= 2)
-    if (nv >= need) return nv;
-  return 0;
-}
-
-template <int kTpr, typename T, int kNv>
+template <int kTpr, int kRows, typename T, int kNv>
 cudaError_t launch_fwd_regs(const FwdParams& p, cudaStream_t stream) {
-  constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
+  constexpr int kGroupsPerBlock = kRegsBlock / kTpr * kRows;
   const int64_t blocks = (p.rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
   const unsigned grid = static_cast<unsigned>(blocks < (1 << 30) ? blocks : (1 << 30));
-  fwd_regs_kernel<T, kTpr, kNv><<<grid, kRegsBlock, 0, stream>>>(p);
+  fwd_regs_kernel<T, kTpr, kNv, kRows><<<grid, kRegsBlock, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -199,33 +203,38 @@ bool fwd_vectorizable(const FwdParams& p) {
 
 }  // namespace
 
-template <int kTpr>
+template <int kTpr, int kRows>
 bool fwd_regs_supports(const FwdParams& p) {
   const int vec = static_cast<int>(16 / dtype_size(p.dtype));
-  return p.rows > 0 && p.cols > 0 && fwd_vectorizable(p) && regs_accesses(p.cols, vec, kTpr) > 0;
+  const int nv = regs_accesses(p.cols, vec, kTpr);
+  return p.rows > 0 && p.cols > 0 && fwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows);
 }
 
-template <int kTpr>
+template <int kTpr, int kRows>
 cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream) {
   return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
-      case 1: return launch_fwd_regs<kTpr, T, 1>(p, stream);
-      case 2: return launch_fwd_regs<kTpr, T, 2>(p, stream);
-      case 4: return launch_fwd_regs<kTpr, T, 4>(p, stream);
-      case 8: return launch_fwd_regs<kTpr, T, 8>(p, stream);
-      default: return cudaErrorInvalidValue;
+      case 1: return launch_fwd_regs<kTpr, kRows, T, 1>(p, stream);
+      case 2: return launch_fwd_regs<kTpr, kRows, T, 2>(p, stream);
+      case 4: if constexpr (kRows == 1) return launch_fwd_regs<kTpr, 1, T, 4>(p, stream); else break;
+      case 8: if constexpr (kRows == 1) return launch_fwd_regs<kTpr, 1, T, 8>(p, stream); else break;
     }
+    return cudaErrorInvalidValue;
   });
 }
 
-template bool fwd_regs_supports<4>(const FwdParams&);
-template bool fwd_regs_supports<8>(const FwdParams&);
-template bool fwd_regs_supports<16>(const FwdParams&);
-template bool fwd_regs_supports<32>(const FwdParams&);
-template cudaError_t fwd_regs_run<4>(const FwdParams&, cudaStream_t);
-template cudaError_t fwd_regs_run<8>(const FwdParams&, cudaStream_t);
-template cudaError_t fwd_regs_run<16>(const FwdParams&, cudaStream_t);
-template cudaError_t fwd_regs_run<32>(const FwdParams&, cudaStream_t);
+#define HFNN_FWD_REGS(TPR, ROWS)                                        \
+  template bool fwd_regs_supports<TPR, ROWS>(const FwdParams&);         \
+  template cudaError_t fwd_regs_run<TPR, ROWS>(const FwdParams&, cudaStream_t);
+HFNN_FWD_REGS(4, 1)
+HFNN_FWD_REGS(8, 1)
+HFNN_FWD_REGS(16, 1)
+HFNN_FWD_REGS(32, 1)
+HFNN_FWD_REGS(4, 2)
+HFNN_FWD_REGS(8, 2)
+HFNN_FWD_REGS(16, 2)
+HFNN_FWD_REGS(32, 2)
+#undef HFNN_FWD_REGS
 
 bool fwd_block_supports(const FwdParams& p) {
   return p.rows > 0 && p.cols > 0 && static_cast<std::size_t>(p.cols) * sizeof(float) <= kBlockSmemLimit;

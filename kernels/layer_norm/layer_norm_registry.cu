@@ -6,32 +6,44 @@
 namespace hfnn::kernels::layer_norm {
 namespace {
 
-template <int kTpr>
+template <int kTpr, int kRows>
 constexpr FwdVariant fwd_regs(std::string_view name) {
-  return {name, "row in registers, a group of threads per row, 16-byte accesses", &fwd_regs_supports<kTpr>,
-          &fwd_regs_run<kTpr>};
+  return {name,
+          kRows == 1 ? "row in registers, a group of threads per row, 16-byte accesses"
+                     : "as fwd_regs, two rows per group at once (small rows: more loads in flight)",
+          &fwd_regs_supports<kTpr, kRows>, &fwd_regs_run<kTpr, kRows>};
 }
 
-template <int kTpr>
+template <int kTpr, int kRows>
 constexpr BwdVariant bwd_regs(std::string_view name) {
-  return {name, "row in registers, persistent grid, dgamma/dbeta summed in registers, fixed-order fold",
-          &bwd_regs_supports<kTpr>, &bwd_regs_workspace<kTpr>, &bwd_regs_run<kTpr>};
+  return {name,
+          kRows == 1 ? "row in registers, persistent grid, dgamma/dbeta summed in registers, fixed-order fold"
+                     : "as bwd_regs, two rows per group at once (small rows: more loads in flight)",
+          &bwd_regs_supports<kTpr, kRows>, &bwd_regs_workspace<kTpr, kRows>, &bwd_regs_run<kTpr, kRows>};
 }
 
 constexpr std::array kFwd = {
-    fwd_regs<4>("fwd_regs_tpr4"),
-    fwd_regs<8>("fwd_regs_tpr8"),
-    fwd_regs<16>("fwd_regs_tpr16"),
-    fwd_regs<32>("fwd_regs_tpr32"),
+    fwd_regs<4, 1>("fwd_regs_tpr4"),
+    fwd_regs<8, 1>("fwd_regs_tpr8"),
+    fwd_regs<16, 1>("fwd_regs_tpr16"),
+    fwd_regs<32, 1>("fwd_regs_tpr32"),
+    fwd_regs<4, 2>("fwd_regs_tpr4_r2"),
+    fwd_regs<8, 2>("fwd_regs_tpr8_r2"),
+    fwd_regs<16, 2>("fwd_regs_tpr16_r2"),
+    fwd_regs<32, 2>("fwd_regs_tpr32_r2"),
     FwdVariant{"fwd_block", "block per row, row staged in shared memory, any cols", &fwd_block_supports,
                &fwd_block_run},
 };
 
 constexpr std::array kBwd = {
-    bwd_regs<4>("bwd_regs_tpr4"),
-    bwd_regs<8>("bwd_regs_tpr8"),
-    bwd_regs<16>("bwd_regs_tpr16"),
-    bwd_regs<32>("bwd_regs_tpr32"),
+    bwd_regs<4, 1>("bwd_regs_tpr4"),
+    bwd_regs<8, 1>("bwd_regs_tpr8"),
+    bwd_regs<16, 1>("bwd_regs_tpr16"),
+    bwd_regs<32, 1>("bwd_regs_tpr32"),
+    bwd_regs<4, 2>("bwd_regs_tpr4_r2"),
+    bwd_regs<8, 2>("bwd_regs_tpr8_r2"),
+    bwd_regs<16, 2>("bwd_regs_tpr16_r2"),
+    bwd_regs<32, 2>("bwd_regs_tpr32_r2"),
     BwdVariant{"bwd_block", "block per row, persistent grid, dgamma/dbeta partials in shared memory, any cols",
                &bwd_block_supports, &bwd_block_workspace, &bwd_block_run},
 };

@@ -4,21 +4,34 @@
 
 namespace hfnn::kernels::layer_norm {
 
-// Row held in registers, kTpr threads per row (4, 8, 16 or 32), 16-byte accesses.
-template <int kTpr> bool fwd_regs_supports(const FwdParams& p);
-template <int kTpr> cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream);
+// Row held in registers, kTpr threads per row (4, 8, 16 or 32), 16-byte accesses; each group of
+// threads takes kRows rows at once (2 only where a thread's slice of a row is 1 or 2 accesses).
+template <int kTpr, int kRows> bool fwd_regs_supports(const FwdParams& p);
+template <int kTpr, int kRows> cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream);
 // One block per row, the row staged in shared memory: any cols up to the shared-memory limit.
 bool fwd_block_supports(const FwdParams& p);
 cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream);
 
-template <int kTpr> bool bwd_regs_supports(const BwdParams& p);
-template <int kTpr> std::size_t bwd_regs_workspace(const BwdParams& p);
-template <int kTpr> cudaError_t bwd_regs_run(const BwdParams& p, cudaStream_t stream);
+template <int kTpr, int kRows> bool bwd_regs_supports(const BwdParams& p);
+template <int kTpr, int kRows> std::size_t bwd_regs_workspace(const BwdParams& p);
+template <int kTpr, int kRows> cudaError_t bwd_regs_run(const BwdParams& p, cudaStream_t stream);
 bool bwd_block_supports(const BwdParams& p);
 std::size_t bwd_block_workspace(const BwdParams& p);
 cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream);
 
 // Row-register variants hold at most this many 16-byte accesses per thread per row.
 inline constexpr int kMaxAccessesPerThread = 8;
+
+// Accesses per thread the row-register variants instantiate for a row: the smallest power of two
+// that covers it, 0 when none does.
+inline int regs_accesses(int64_t cols, int vec, int tpr) {
+  const int64_t need = (cols + static_cast<int64_t>(vec) * tpr - 1) / (static_cast<int64_t>(vec) * tpr);
+  for (int nv = 1; nv <= kMaxAccessesPerThread; nv *= 2)
+    if (nv >= need) return nv;
+  return 0;
+}
+
+// Two rows at a time only pays (and only is instantiated) where a thread's slice is small.
+inline constexpr int kMaxAccessesForTwoRows = 2;
 
 }  // namespace hfnn::kernels::layer_norm

@@ -88,7 +88,8 @@ std::vector<float> download(const DeviceBuffer& d, DType dtype, size_t n) {
   return out;
 }
 
-// ||got - want|| / ||want||, or infinity if anything is NaN.
+// ||got - want|| / ||want||, or infinity if anything is NaN. Elements of size 1 floor the scale:
+// where the exact answer is (near) zero, rounding must not count as a relative error.
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -96,7 +97,7 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
     num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
     den += double(want[i]) * want[i];
   }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return std::sqrt(num) / std::max(std::sqrt(den), std::sqrt(static_cast<double>(got.size())));
 }
 
 struct Case {

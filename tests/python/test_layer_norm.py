@@ -32,9 +32,12 @@ TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
 def rel_err(got, want):
+    """||got - want|| / ||want||, with elements of size 1 as the floor of the scale: where the exact
+    answer is (near) zero, as dx for D = 1, float32 rounding must not count as a relative error."""
     got, want = got.double(), want.double()
     assert not torch.isnan(got).any(), "NaN in output"
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    scale = max(want.norm().item(), math.sqrt(want.numel()))
+    return (got - want).norm().item() / scale
 
 
 def make(shape, normalized, dtype, device, affine=True, seed=0):
@@ -101,6 +104,17 @@ def test_meta_shapes_follow_cuda_contract():
     assert mean.shape == (2, 3, 1) and rstd.shape == (2, 3, 1) and mean.dtype == torch.float32
 
 
+def test_autocast_cpu_behaves_like_torch():
+    x = torch.randn(4, 32)
+    w, b = torch.randn(32), torch.randn(32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        xb = x.to(torch.bfloat16)
+        got = torch.ops.hfnn.layer_norm(xb, [32], w, b, 1e-5)
+        want = F.layer_norm(xb, (32,), w, b)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+
+
 def test_bad_normalized_shape_is_a_clear_error():
     with pytest.raises(RuntimeError, match="normalized_shape"):
         torch.ops.hfnn.layer_norm(torch.randn(2, 8), [7], None, None, 1e-5)
@@ -133,6 +147,12 @@ def test_build_info_lists_variants_when_built_with_cuda():
         assert "fwd_block" in variants["fwd"] and "bwd_block" in variants["bwd"]
     else:
         assert variants == {"fwd": [], "bwd": []}
+
+
+def test_rel_err_catches_a_wrong_answer():
+    want = torch.randn(100, dtype=torch.float64)
+    assert rel_err(want.float(), want) < 1e-6
+    assert rel_err(want * 1.01, want) > 5e-3
 
 
 # ---- GPU: every variant against float64 -----------------------------------------------------------
@@ -180,6 +200,20 @@ def test_gpu_autograd_op_matches_float64(dtype):
 
 
 @requires_gpu
+def test_gpu_autocast_runs_our_kernels_in_float32():
+    lin = torch.nn.Linear(64, 64).cuda()
+    norm = torch.nn.LayerNorm(64).cuda()
+    x = torch.randn(32, 64, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h = lin(x)
+        assert h.dtype == torch.bfloat16
+        want = norm(h)
+        got = hfnn.to_hfnn(norm)(h)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@requires_gpu
 def test_gpu_pairs_with_torch_both_ways():
     x, dy, w, b = make((64, 256), (256,), torch.float32, "cuda")
     y_t, mean_t, rstd_t = torch.native_layer_norm(x, [256], w, b, 1e-5)
@@ -210,9 +244,9 @@ def test_gpu_unsupported_inputs_fall_back_to_torch():
     assert torch.equal(torch.ops.hfnn.layer_norm(x, [64], None, None, 1e-5), F.layer_norm(x, (64,)))
     xt = torch.randn(64, 8, device="cuda").t()
     torch.testing.assert_close(torch.ops.hfnn.layer_norm(xt, [64], None, None, 1e-5), F.layer_norm(xt, (64,)))
-    xb = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16)
-    w = torch.ones(64, device="cuda")
-    torch.testing.assert_close(torch.ops.hfnn.layer_norm(xb, [64], w, None, 1e-5), F.layer_norm(xb, (64,), w))
+    w = torch.randn(128, device="cuda")[::2]  # a strided weight: no variant takes it
+    x = torch.randn(8, 64, device="cuda")
+    torch.testing.assert_close(torch.ops.hfnn.layer_norm(x, [64], w, None, 1e-5), F.layer_norm(x, (64,), w))
 
 
 @requires_gpu

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: install hfnn, run every test, benchmark, run the examples; results
+# and logs under $OUT. Stages to run are the arguments (default: all):
+#   tests     C++ variant tests (gtest) and the Python tests, GPU ones included
+#   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
+#   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
+# It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
+# that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
+# (scripts/device_prepare.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hfnn-out}
+mkdir -p "$OUT"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests bench examples)
+want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
+
+installed_ok() { python3 -c "import hfnn, sys; sys.exit(0 if hfnn.build_info()['cuda_kernels'] else 1)" 2>/dev/null; }
+wheel=$(ls .devbuild/hfnn-*.whl 2>/dev/null | head -n 1)
+if [ -n "$wheel" ] && python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" && installed_ok; then
+  echo "installed carried wheel $wheel"
+  tests_bin=.devbuild/hfnn_kernel_tests
+else
+  echo "carried wheel missing or not loadable here: building from source"
+  deps=$PWD/.deps/root/usr
+  export SKBUILD_CMAKE_ARGS="-Dfmt_DIR=$deps/lib/x86_64-linux-gnu/cmake/fmt;-DGTest_DIR=$deps/lib/x86_64-linux-gnu/cmake/GTest;-DCLI11_DIR=$deps/share/cmake/CLI11;-Dnlohmann_json_DIR=$deps/share/cmake/nlohmann_json;-DHFNN_CUDA_ARCHITECTURES=90"
+  export CMAKE_BUILD_PARALLEL_LEVEL=16
+  python3 -m pip install --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  installed_ok || { echo "hfnn built but has no CUDA kernels"; exit 1; }
+  tests_bin=$(ls -d build/py3-none-*/hfnn_kernel_tests | head -n 1)
+fi
+python3 -c "import hfnn; print('hfnn', hfnn.__version__, hfnn.build_info())"
+
+status=0
+if want tests; then
+  "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error" ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name().lower(); print('h200' if 'h200' in n else 'h100' if 'h100' in n else n.split()[-1])")
+if want bench || want bench-quick; then
+  extra=(); want bench-quick && extra=(--no-compile)
+  python3 bench/layer_norm.py --out "$OUT/layer_norm-$gpu.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -70 || status=1
+fi
+if want examples && [ -f examples/evoformer.py ]; then
+  for mode in torch hfnn; do
+    flag=(); [ $mode = hfnn ] && flag=(--hfnn)
+    python3 examples/evoformer.py "${flag[@]}" --steps 10 --warmup 3 --json "$OUT/evoformer-$mode.json" > "$OUT/evoformer-$mode.log" 2>&1 || status=1
+    tail -2 "$OUT/evoformer-$mode.log"
+  done
+fi
+exit $status
