@@ -58,9 +58,14 @@ cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, in
 }
 
 // Resident blocks the compiler must leave room for, by elements a thread holds per iteration:
-// small slices are latency-bound and want occupancy more than registers. Bounding 16 elements
-// to 3 blocks (80 registers) spilled 16 to 80 bytes, so larger slices are left unbounded.
-constexpr int regs_min_blocks(int elements) { return elements <= 8 ? 4 : 1; }
+// small slices are latency-bound and want occupancy more than registers. With the prefetch, 4
+// blocks (64 registers) spilled 24 to 64 bytes at 8 elements and 3 blocks spilled at 16, so 8
+// elements get 3 blocks and larger slices are left unbounded.
+constexpr int regs_min_blocks(int elements) { return elements <= 8 ? 3 : 1; }
+
+// Software pipelining doubles the registers that hold x and dy; at 64 elements (bf16, 8 accesses)
+// that spilled 696 bytes, so only slices of up to 32 elements prefetch.
+constexpr bool regs_prefetch(int elements) { return elements <= 32; }
 
 template <typename T, int kTpr, int kNv, int kRows>
 __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec<T>)) bwd_regs_kernel(const BwdParams p) {
@@ -107,32 +112,57 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
   };
 
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock * kRows;
-  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp) * kRows;
-       row0 < p.rows; row0 += stride) {
-    // x and dy stay in registers as loaded (half the registers of floats for 16-bit types).
-    Pack<T> xs[kRows][kNv], ds[kRows][kNv];
-    // xhat = (x - mean) * rstd, as a subtraction first: the fma form x * rstd - mean * rstd cancels
-    // badly where |mean| >> std.
-    float mean[kRows], rstd[kRows];
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + warp * kGroupsPerWarp) * kRows;
+
+  // x and dy stay in registers as loaded (half the registers of floats for 16-bit types). The
+  // next iteration's rows are loaded before this one's arithmetic (software pipelining), so loads
+  // stay in flight while a thread computes, shuffles and stores.
+  Pack<T> next_x[kRows][kNv], next_dy[kRows][kNv];
+  float next_mean[kRows], next_rstd[kRows];
+  auto load_rows = [&](int64_t row0) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = row0 + r * kGroupsPerWarp + group_in_warp;
       const bool valid = row < p.rows;
       const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
       const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
-      mean[r] = valid ? p.mean[row] : 0.f;
-      rstd[r] = valid ? p.rstd[row] : 0.f;
+      next_mean[r] = valid ? p.mean[row] : 0.f;
+      next_rstd[r] = valid ? p.rstd[row] : 0.f;
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
         if (valid && col < cols) {
-          xs[r][i] = load_pack(x + col);
-          ds[r][i] = load_pack(dy + col);
+          next_x[r][i] = load_pack(x + col);
+          next_dy[r][i] = load_pack(dy + col);
         } else {
-#pragma unroll
-          for (int k = 0; k < kV; ++k) xs[r][i].v[k] = ds[r][i].v[k] = from_float<T>(0.f);
+          next_x[r][i] = next_dy[r][i] = zero_pack<T>();
         }
       }
+    }
+  };
+  constexpr bool kPrefetch = regs_prefetch(kRows * kNv * kV);
+  if constexpr (kPrefetch) {
+    if (first < p.rows) load_rows(first);
+  }
+
+  for (int64_t row0 = first; row0 < p.rows; row0 += stride) {
+    if constexpr (!kPrefetch) load_rows(row0);
+    Pack<T> xs[kRows][kNv], ds[kRows][kNv];
+    // xhat = (x - mean) * rstd, as a subtraction first: the fma form x * rstd - mean * rstd cancels
+    // badly where |mean| >> std.
+    float mean[kRows], rstd[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      mean[r] = next_mean[r];
+      rstd[r] = next_rstd[r];
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        xs[r][i] = next_x[r][i];
+        ds[r][i] = next_dy[r][i];
+      }
+    }
+    if constexpr (kPrefetch) {
+      if (row0 + stride < p.rows) load_rows(row0 + stride);  // uniform over the warp
     }
     float sum_g[kRows], sum_gx[kRows];
 #pragma unroll
@@ -306,15 +336,12 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
       float xv[kV], dv[kV], gv[kV];
       if constexpr (kVectorized) {
-        const Pack<T> xp = load_pack(x + c), dp = load_pack(dy + c);
-        Pack<T> gp;
-        if (gamma) gp = load_pack(gamma + c);
+        unpack(load_pack(x + c), xv);
+        unpack(load_pack(dy + c), dv);
+        if (gamma) unpack(load_pack(gamma + c), gv);
+        else
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          xv[k] = to_float(xp.v[k]);
-          dv[k] = to_float(dp.v[k]);
-          gv[k] = gamma ? to_float(gp.v[k]) : 1.f;
-        }
+          for (int k = 0; k < kV; ++k) gv[k] = 1.f;
       } else {
         xv[0] = to_float(x[c]);
         dv[0] = to_float(dy[c]);
@@ -336,16 +363,17 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
     T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
       if constexpr (kVectorized) {
-        const Pack<T> xp = load_pack(x + c), dp = load_pack(dy + c);
-        Pack<T> gp, out;
-        if (gamma) gp = load_pack(gamma + c);
+        float xv[kV], dv[kV], gv[kV], out[kV];
+        unpack(load_pack(x + c), xv);
+        unpack(load_pack(dy + c), dv);
+        if (gamma) unpack(load_pack(gamma + c), gv);
 #pragma unroll
         for (int k = 0; k < kV; ++k) {
-          const float xhat = (to_float(xp.v[k]) - mean) * rstd;
-          const float g = gamma ? to_float(dp.v[k]) * to_float(gp.v[k]) : to_float(dp.v[k]);
-          out.v[k] = from_float<T>(rstd * (g - mean_g - xhat * mean_gx));
+          const float xhat = (xv[k] - mean) * rstd;
+          const float g = gamma ? dv[k] * gv[k] : dv[k];
+          out[k] = rstd * (g - mean_g - xhat * mean_gx);
         }
-        store_pack(dx + c, out);
+        store_pack(dx + c, pack<T>(out));
       } else {
         const float xhat = (to_float(x[c]) - mean) * rstd;
         const float g = gamma ? to_float(dy[c]) * to_float(gamma[c]) : to_float(dy[c]);

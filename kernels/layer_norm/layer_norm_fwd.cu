@@ -146,11 +146,12 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
     // the passes other than the ones inside block_sum2.
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
       if constexpr (kVectorized) {
-        const Pack<T> pk = load_pack(x + c);
+        float v[kV];
+        unpack(load_pack(x + c), v);
 #pragma unroll
         for (int k = 0; k < kV; ++k) {
-          row_buf[c + k] = to_float(pk.v[k]);
-          sum += row_buf[c + k];
+          row_buf[c + k] = v[k];
+          sum += v[k];
         }
       } else {
         row_buf[c] = to_float(x[c]);
@@ -169,18 +170,16 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
     const float rstd = rsqrtf(block_sum2(sq, 0.f, scratch).x * inv_cols + p.eps);
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
       if constexpr (kVectorized) {
-        Pack<T> out;
-        Pack<T> g, b;
-        if (gamma) g = load_pack(gamma + c);
-        if (beta) b = load_pack(beta + c);
+        float out[kV], g[kV], b[kV];
+        if (gamma) unpack(load_pack(gamma + c), g);
+        if (beta) unpack(load_pack(beta + c), b);
 #pragma unroll
         for (int k = 0; k < kV; ++k) {
-          float o = (row_buf[c + k] - mean) * rstd;
-          if (gamma) o *= to_float(g.v[k]);
-          if (beta) o += to_float(b.v[k]);
-          out.v[k] = from_float<T>(o);
+          out[k] = (row_buf[c + k] - mean) * rstd;
+          if (gamma) out[k] *= g[k];
+          if (beta) out[k] += b[k];
         }
-        store_pack(y + c, out);
+        store_pack(y + c, pack<T>(out));
       } else {
         float o = (row_buf[c] - mean) * rstd;
         if (gamma) o *= to_float(gamma[c]);
