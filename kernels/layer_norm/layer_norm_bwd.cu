@@ -31,6 +31,7 @@ template <typename T>
 __global__ void __launch_bounds__(1024) reduce_partials_kernel(const float* __restrict__ partials, int grid,
                                                                int64_t cols, T* dgamma, T* dbeta) {
   __shared__ float acc[32][33];
+  wait_for_previous_grid();  // the partials come from the kernel just before
   T* out = blockIdx.y == 0 ? dgamma : dbeta;
   if (out == nullptr) return;  // uniform over the block
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -52,9 +53,8 @@ template <typename T>
 cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream) {
   if (!p.dgamma && !p.dbeta) return cudaSuccess;
   const dim3 blocks(static_cast<unsigned>((p.cols + 31) / 32), 2);
-  reduce_partials_kernel<T><<<blocks, dim3(32, 32), 0, stream>>>(partials, grid, p.cols, static_cast<T*>(p.dgamma),
-                                                                   static_cast<T*>(p.dbeta));
-  return cudaGetLastError();
+  return launch_pdl(reduce_partials_kernel<T>, blocks, dim3(32, 32), 0, stream, partials, grid, p.cols,
+                    static_cast<T*>(p.dgamma), static_cast<T*>(p.dbeta));
 }
 
 // Resident blocks the compiler must leave room for, by elements a thread holds per iteration:
@@ -64,8 +64,9 @@ cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, in
 constexpr int regs_min_blocks(int elements) { return elements <= 8 ? 3 : 1; }
 
 // Software pipelining doubles the registers that hold x and dy; at 64 elements (bf16, 8 accesses)
-// that spilled 696 bytes, so only slices of up to 32 elements prefetch.
-constexpr bool regs_prefetch(int elements) { return elements <= 32; }
+// that spilled 696 bytes, so only slices of up to 32 elements prefetch, and two-row variants,
+// which already have two rows of loads in flight, do not.
+constexpr bool regs_prefetch(int rows, int elements) { return rows == 1 && elements <= 32; }
 
 template <typename T, int kTpr, int kNv, int kRows>
 __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec<T>)) bwd_regs_kernel(const BwdParams p) {
@@ -84,6 +85,8 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const bool want_params = p.dgamma || p.dbeta;
+  wait_for_previous_grid();
+  allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
 
   float dg[kNv][kV], db[kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
 #pragma unroll
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
       }
     }
   };
-  constexpr bool kPrefetch = regs_prefetch(kRows * kNv * kV);
+  constexpr bool kPrefetch = regs_prefetch(kRows, kRows * kNv * kV);
   if constexpr (kPrefetch) {
     if (first < p.rows) load_rows(first);
   }
@@ -196,10 +199,15 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = row0 + r * kGroupsPerWarp + group_in_warp;
       if (row >= p.rows) continue;
-      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = a * g + c * xhat + b
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = a * g + c * xhat + b. For 16-bit
+      // outputs c * xhat + b is folded into one fma on x (c * rstd * x + b - c * rstd * mean): two
+      // fewer instructions per element in an issue-bound loop, and a cancellation error (|mean|/std
+      // times float32 rounding) that stays far under the output's own rounding.
       const float a = rstd[r];
       const float b = -a * sum_g[r] * inv_cols;
       const float c = -a * sum_gx[r] * inv_cols;
+      const float cx = c * rstd[r];
+      const float bx = b - cx * mean[r];
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
@@ -211,8 +219,12 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
         gamma_of(i, gv);
 #pragma unroll
         for (int k = 0; k < kV; ++k) {
-          const float xhat = (xv[k] - mean[r]) * rstd[r];
-          out[k] = fmaf(a, dv[k] * gv[k], fmaf(c, xhat, b));
+          if constexpr (sizeof(T) == 2) {
+            out[k] = fmaf(a, dv[k] * gv[k], fmaf(cx, xv[k], bx));
+          } else {
+            const float xhat = (xv[k] - mean[r]) * rstd[r];
+            out[k] = fmaf(a, dv[k] * gv[k], fmaf(c, xhat, b));
+          }
         }
         store_pack(dx + col, pack<T>(out));
       }
@@ -287,9 +299,7 @@ cudaError_t launch_bwd_regs(const BwdParams& p, cudaStream_t stream) {
   auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
   const std::size_t smem = regs_fold_bytes(p.cols);
   if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-  kernel<<<grid, kRegsBlock, smem, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (const cudaError_t err = launch_pdl(kernel, grid, kRegsBlock, smem, stream, p); err != cudaSuccess) return err;
   return launch_reduce_partials<T>(p, static_cast<const float*>(p.workspace), grid, stream);
 }
 

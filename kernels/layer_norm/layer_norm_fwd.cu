@@ -29,6 +29,8 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
+  wait_for_previous_grid();
+  allow_next_grid();  // the next kernel may be scheduled; it waits for this grid to finish
 
   // The loop bound is the warp's first row, so whole warps iterate together and the shuffles
   // always see all 32 lanes; groups past the last row compute on zeros and store nothing. Each
@@ -119,8 +121,7 @@ cudaError_t launch_fwd_regs(const FwdParams& p, cudaStream_t stream) {
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr * kRows;
   const int64_t blocks = (p.rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
   const unsigned grid = static_cast<unsigned>(blocks < (1 << 30) ? blocks : (1 << 30));
-  fwd_regs_kernel<T, kTpr, kNv, kRows><<<grid, kRegsBlock, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(fwd_regs_kernel<T, kTpr, kNv, kRows>, grid, kRegsBlock, 0, stream, p);
 }
 
 // ---- block per row -------------------------------------------------------------------------------
