@@ -41,15 +41,18 @@ if want tests; then
   python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name().lower(); print('h200' if 'h200' in n else 'h100' if 'h100' in n else n.split()[-1])")
+if want examples && [ -f examples/evoformer.py ]; then
+  for dtype in float32 bfloat16; do
+    for mode in torch hfnn; do
+      flag=(); [ $mode = hfnn ] && flag=(--hfnn)
+      python3 examples/evoformer.py "${flag[@]}" --dtype $dtype --steps 20 --warmup 5 --json "$OUT/evoformer-$mode-$dtype.json" \
+        > "$OUT/evoformer-$mode-$dtype.log" 2>&1 || status=1
+      echo "evoformer $dtype $mode: $(tail -n 1 "$OUT/evoformer-$mode-$dtype.log")"
+    done
+  done
+fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
   python3 bench/layer_norm.py --out "$OUT/layer_norm-$gpu.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -70 || status=1
-fi
-if want examples && [ -f examples/evoformer.py ]; then
-  for mode in torch hfnn; do
-    flag=(); [ $mode = hfnn ] && flag=(--hfnn)
-    python3 examples/evoformer.py "${flag[@]}" --steps 10 --warmup 3 --json "$OUT/evoformer-$mode.json" > "$OUT/evoformer-$mode.log" 2>&1 || status=1
-    tail -2 "$OUT/evoformer-$mode.log"
-  done
 fi
 exit $status
