@@ -42,14 +42,22 @@ if want tests; then
 fi
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name().lower(); print('h200' if 'h200' in n else 'h100' if 'h100' in n else n.split()[-1])")
 if want examples && [ -f examples/evoformer.py ]; then
+  # One JSON and one log for all four runs: the device tool brings back at most 8 files.
+  runs=$(mktemp -d)
   for dtype in float32 bfloat16; do
     for mode in torch hfnn; do
       flag=(); [ $mode = hfnn ] && flag=(--hfnn)
-      python3 examples/evoformer.py "${flag[@]}" --dtype $dtype --steps 20 --warmup 5 --json "$OUT/evoformer-$mode-$dtype.json" \
-        > "$OUT/evoformer-$mode-$dtype.log" 2>&1 || status=1
-      echo "evoformer $dtype $mode: $(tail -n 1 "$OUT/evoformer-$mode-$dtype.log")"
+      python3 examples/evoformer.py "${flag[@]}" --dtype $dtype --steps 20 --warmup 5 --json "$runs/$mode-$dtype.json" \
+        >> "$OUT/evoformer.log" 2>&1 || status=1
+      echo "evoformer $dtype $mode: $(tail -n 1 "$OUT/evoformer.log")"
     done
   done
+  python3 - "$runs" "$OUT/evoformer-$gpu.json" <<'PY'
+import json, pathlib, sys, torch
+runs = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(dict(meta, runs=runs), indent=1) + "\n")
+PY
 fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
