@@ -19,15 +19,14 @@ int main(int argc, char** argv) {
     return fmt::format("{}: {} (see `{} --help`)\n", failed->get_name(), e.what(), failed->get_name());
   });
   app.require_subcommand(0, 1);
-  hfnn::cli::setup_variants(app);
+  int exit_code = 0;
+  hfnn::cli::setup_variants(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here too, with 0; a usage error exits 2, as command-line tools do.
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  if (app.get_subcommands().empty()) {
-    fmt::print("{}", app.help());
-    return 0;
-  }
-  return 0;
+  if (app.get_subcommands().empty()) fmt::print("{}", app.help());
+  return exit_code;
 }

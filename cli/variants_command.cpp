@@ -27,11 +27,11 @@ std::vector<Row> variant_rows() {
 
 }  // namespace
 
-void setup_variants(CLI::App& app) {
+void setup_variants(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<VariantsOptions>();
   auto* sub = app.add_subcommand("variants", "List the CUDA kernel variants in this build (the candidates `hfnn tune` times)");
   sub->add_flag("--json", options->json, "Print a JSON array instead of a table");
-  sub->callback([options]() { throw CLI::RuntimeError(run_variants(*options)); });
+  sub->callback([options, &exit_code]() { exit_code = run_variants(*options); });
 }
 
 int run_variants(const VariantsOptions& options) {

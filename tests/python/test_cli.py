@@ -39,7 +39,7 @@ def test_variants_json_matches_the_op_library():
 def test_bad_input_is_one_line_and_nonzero():
     for args in (["--bogus"], ["nonsense"], ["variants", "--what"]):
         out = run(*args)
-        assert out.returncode != 0
+        assert out.returncode == 2
         lines = [line for line in (out.stderr + out.stdout).splitlines() if line.strip()]
         assert len(lines) == 1, lines
         assert "hfnn --help" in lines[0]
