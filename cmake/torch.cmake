@@ -15,8 +15,9 @@ print(torch.__version__)"
   RESULT_VARIABLE _hfnn_torch_rc
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _hfnn_torch_rc EQUAL 0)
-  message(FATAL_ERROR "hfnn: cannot import torch with ${Python_EXECUTABLE}: install torch first (pip install torch), "
-                      "or configure with -DHFNN_TORCH=OFF.\n${_hfnn_torch_err}")
+  message(FATAL_ERROR "hfnn: cannot import torch with ${Python_EXECUTABLE}: install torch first (pip install torch) "
+                      "and build against it with `pip install --no-build-isolation .` (an isolated build does not "
+                      "see your torch), or configure with -DHFNN_TORCH=OFF.\n${_hfnn_torch_err}")
 endif()
 string(REPLACE "\n" ";" _hfnn_torch_lines "${_hfnn_torch_out}")
 list(GET _hfnn_torch_lines 0 _inc)

@@ -23,24 +23,44 @@ installed_ok() { python3 -c "import hfnn, sys; sys.exit(0 if hfnn.build_info()['
 wheel=$(ls .devbuild/hfnn-*.whl 2>/dev/null | head -n 1)
 if [ -n "$wheel" ] && python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" && installed_ok; then
   echo "installed carried wheel $wheel"
+  installed_from="carried wheel"
   tests_bin=.devbuild/hfnn_kernel_tests
 else
   echo "carried wheel missing or not loadable here: building from source"
   deps=$PWD/.deps/root/usr
   export SKBUILD_CMAKE_ARGS="-Dfmt_DIR=$deps/lib/x86_64-linux-gnu/cmake/fmt;-DGTest_DIR=$deps/lib/x86_64-linux-gnu/cmake/GTest;-DCLI11_DIR=$deps/share/cmake/CLI11;-Dnlohmann_json_DIR=$deps/share/cmake/nlohmann_json;-DHFNN_CUDA_ARCHITECTURES=90"
   export CMAKE_BUILD_PARALLEL_LEVEL=16
+  # The image's default compiler (/opt/gcc) links libstdc++ into the op library statically, and a
+  # second libstdc++ beside torch's crashed formatting an error message (seen 2026-11-22: a
+  # segfault in std::ostream::_M_insert<long> inside libhfnn_ops.so). The system g++ links it shared.
+  if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+  rm -rf build/py3-none-*
   python3 -m pip install --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   installed_ok || { echo "hfnn built but has no CUDA kernels"; exit 1; }
   tests_bin=$(ls -d build/py3-none-*/hfnn_kernel_tests | head -n 1)
+  installed_from="built here from source"
 fi
 python3 -c "import hfnn; print('hfnn', hfnn.__version__, hfnn.build_info())"
 
 status=0
-if want tests; then
-  "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error" ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name().lower(); print('h200' if 'h200' in n else 'h100' if 'h100' in n else n.split()[-1])")
+if want tests; then
+  "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error" ; gtest_rc=${PIPESTATUS[0]}
+  python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15; pytest_rc=${PIPESTATUS[0]}
+  [ "$gtest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ] || status=1
+  # The record of this GPU test run (bench/results/tests-<gpu>.json).
+  python3 - "$OUT/tests-$gpu.json" "$gtest_rc" "$pytest_rc" "$OUT/gtest.log" "$OUT/pytest.log" "$installed_from" <<'PY'
+import datetime, json, pathlib, sys, torch, hfnn
+out, gtest_rc, pytest_rc, gtest_log, pytest_log, installed_from = sys.argv[1:]
+last = lambda path, key: next((l.strip() for l in reversed(pathlib.Path(path).read_text().splitlines()) if key in l), "")
+pathlib.Path(out).write_text(json.dumps({
+    "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "hfnn": hfnn.__version__,
+    "date": datetime.date.today().isoformat(), "installed_from": installed_from,
+    "gtest": {"exit_code": int(gtest_rc), "summary": last(gtest_log, "test suites ran")},
+    "pytest": {"exit_code": int(pytest_rc), "summary": last(pytest_log, "passed")},
+}, indent=1) + "\n")
+PY
+fi
 if want examples && [ -f examples/evoformer.py ]; then
   # One JSON and one log for all four runs: the device tool brings back at most 8 files.
   runs=$(mktemp -d)
