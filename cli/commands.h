@@ -3,6 +3,9 @@
 // a run_x(const Options&) that does the work; main.cpp only wires them together.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace hfnn::cli {
 
@@ -11,5 +14,26 @@ struct VariantsOptions {
 };
 void setup_variants(CLI::App& app, int& exit_code);
 int run_variants(const VariantsOptions& options);
+
+struct ProfileOptions {
+  std::string db = "shapes.db";
+  int warmup = 2;
+  int steps = 10;
+  std::string report = "text";
+  bool quiet = false;
+  std::string python;
+  std::vector<std::string> command;
+};
+void setup_profile(CLI::App& app, int& exit_code);
+int run_profile(const ProfileOptions& options);
+
+struct ReportOptions {
+  std::string db = "shapes.db";
+  int64_t run = 0;
+  std::string format = "text";
+  std::string output;
+};
+void setup_report(CLI::App& app, int& exit_code);
+int run_report(const ReportOptions& options);
 
 }  // namespace hfnn::cli

@@ -8,6 +8,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "hfnn: profile a PyTorch training script, tune kernels for the shapes it really uses, and train with the winners.\n"
       "\n"
+      "  hfnn profile train.py ...  run a training script under the profiler; writes shapes.db and a report\n"
+      "  hfnn report                show a profile run again (text or JSON)\n"
       "  hfnn variants              list the CUDA kernel variants in this build\n"
       "\n"
       "In Python, hfnn.to_hfnn(model) swaps every nn.LayerNorm for hfnn's kernels and hfnn.to_torch(model)\n"
@@ -20,6 +22,8 @@ int main(int argc, char** argv) {
   });
   app.require_subcommand(0, 1);
   int exit_code = 0;
+  hfnn::cli::setup_profile(app, exit_code);
+  hfnn::cli::setup_report(app, exit_code);
   hfnn::cli::setup_variants(app, exit_code);
   try {
     app.parse(argc, argv);

@@ -17,9 +17,20 @@ except _metadata.PackageNotFoundError:  # imported from a source tree
     __version__ = "0+unknown"
 
 
+def step() -> None:
+    """Marks the end of a training step for `hfnn profile`, in loops without a torch optimizer
+    (optimizer.step() is detected by itself). Does nothing when not profiling."""
+    from . import _ops
+
+    if _ops.available:
+        import torch
+
+        torch.ops.hfnn.profiler_step()
+
+
 def layer_norm_variants() -> dict:
     """The LayerNorm kernel variants in this build: {"fwd": [...], "bwd": [...]}."""
     return build_info().get("variants", {}).get("layer_norm", {"fwd": [], "bwd": []})
 
 
-__all__ = ["nn", "to_hfnn", "to_torch", "build_info", "ops_error", "layer_norm_variants", "__version__"]
+__all__ = ["nn", "to_hfnn", "to_torch", "step", "build_info", "ops_error", "layer_norm_variants", "__version__"]

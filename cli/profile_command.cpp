@@ -1,0 +1,226 @@
+// `hfnn profile`: runs a training script (or any command) with hfnn's collector in every Python
+// process it starts, merges what they recorded into the SQLite database, prints the report.
+#include <fmt/core.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "profiles/db.h"
+#include "profiles/report.h"
+
+namespace hfnn::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+volatile sig_atomic_t g_child = 0;
+
+void forward_signal(int signum) {
+  if (g_child > 0) kill(g_child, signum);
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// The Python that runs a .py script: --python, then $HFNN_PYTHON, then the python3 next to this
+// executable (the environment hfnn was installed into), then python3 on PATH.
+std::string python_for(const ProfileOptions& o) {
+  if (!o.python.empty()) return o.python;
+  if (const char* env = std::getenv("HFNN_PYTHON"); env && *env) return env;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec)
+    for (const char* name : {"python3", "python"})
+      if (fs::exists(self.parent_path() / name, ec)) return (self.parent_path() / name).string();
+  return "python3";
+}
+
+bool on_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  if (!path) return false;
+  std::string dirs = path;
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t end = dirs.find(':', start);
+    const std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return false;
+}
+
+std::string join(const std::vector<std::string>& words) {
+  std::string s;
+  for (const auto& w : words) s += (s.empty() ? "" : " ") + w;
+  return s;
+}
+
+// Runs argv with the collector switched on; returns its exit code (128 + signal if killed).
+int run_child(const std::vector<std::string>& argv, const ProfileOptions& o, const fs::path& parts) {
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("hfnn profile: cannot start {} (fork failed)", argv[0]));
+  if (pid == 0) {
+    setenv("HFNN_PROFILE_DIR", parts.c_str(), 1);
+    setenv("HFNN_PROFILE_WARMUP", std::to_string(o.warmup).c_str(), 1);
+    setenv("HFNN_PROFILE_STEPS", std::to_string(o.steps).c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    fmt::print(stderr, "hfnn profile: cannot run {}: {}\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  // Ctrl-C reaches the child through the terminal; the profile is still merged after it exits.
+  g_child = pid;
+  struct sigaction ignore = {}, forward = {}, old_int = {}, old_quit = {}, old_term = {}, old_hup = {};
+  ignore.sa_handler = SIG_IGN;
+  forward.sa_handler = forward_signal;
+  sigaction(SIGINT, &ignore, &old_int);
+  sigaction(SIGQUIT, &ignore, &old_quit);
+  sigaction(SIGTERM, &forward, &old_term);
+  sigaction(SIGHUP, &forward, &old_hup);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGQUIT, &old_quit, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
+  g_child = 0;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::vector<nlohmann::json> read_parts(const fs::path& dir) {
+  std::vector<nlohmann::json> parts;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".json") continue;
+    std::ifstream in(entry.path());
+    try {
+      auto j = nlohmann::json::parse(in);
+      if (j.value("format", "") == "hfnn-profile-part") parts.push_back(std::move(j));
+    } catch (const nlohmann::json::exception&) {
+      fmt::print(stderr, "hfnn profile: skipped an unreadable part {}\n", entry.path().filename().string());
+    }
+  }
+  return parts;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    const fs::path base = fs::temp_directory_path();
+    std::string templ = (base / "hfnn-profile-XXXXXX").string();
+    if (!mkdtemp(templ.data())) throw std::runtime_error("hfnn profile: cannot create a folder under " + base.string());
+    path = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+void setup_profile(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ProfileOptions>();
+  auto* sub = app.add_subcommand(
+      "profile",
+      "Run a training script under hfnn's profiler and add what it measured to a database:\n"
+      "  hfnn profile train.py --lr 3e-4        a Python script, with its arguments\n"
+      "  hfnn profile -- torchrun --nproc_per_node 2 train.py   any command (every Python process in it)\n"
+      "Records per-op time, step times and the input shapes of the ops hfnn accelerates; prints a report.");
+  sub->add_option("--db", o->db, "Database file to add the run to (created if missing)")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "Steps to skip before recording (a step ends at optimizer.step() or hfnn.step())")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--steps", o->steps, "Steps to record, then the script runs on untouched (0: until it ends)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--report", o->report, "Report printed at the end")->capture_default_str()->check(
+      CLI::IsMember({"text", "json", "none"}));
+  sub->add_flag("--quiet,-q", o->quiet, "Print only where the run was written");
+  sub->add_option("--python", o->python, "Python for a .py script (default: the one hfnn is installed in)");
+  sub->add_option("command", o->command, "The script and its arguments, or -- and any command")->required();
+  sub->prefix_command();  // everything after the script belongs to the script
+  sub->callback([o, &exit_code]() { exit_code = run_profile(*o); });
+}
+
+int run_profile(const ProfileOptions& o) {
+  std::vector<std::string> argv = o.command;
+  if (argv.empty()) {
+    fmt::print(stderr, "hfnn profile: no command given (see `hfnn profile --help`)\n");
+    return 2;
+  }
+  const bool is_script = argv[0].size() > 3 && argv[0].substr(argv[0].size() - 3) == ".py";
+  if (is_script) {
+    if (!fs::is_regular_file(argv[0])) {
+      fmt::print(stderr, "hfnn profile: {}: no such script (give the path of your training script)\n", argv[0]);
+      return 2;
+    }
+    argv.insert(argv.begin(), python_for(o));
+  }
+  if (!on_path(argv[0])) {
+    fmt::print(stderr, "hfnn profile: {}: command not found (check the name, or pass --python)\n", argv[0]);
+    return 2;
+  }
+  // A bad --db fails before the script runs, and is left untouched.
+  try {
+    if (fs::exists(o.db)) profiles::Database check(o.db, false);
+  } catch (const profiles::DbError& e) {
+    fmt::print(stderr, "hfnn profile: {}\n", e.what());
+    return 2;
+  }
+
+  TempDir parts;
+  profiles::RunInfo info;
+  info.command = join(o.command);
+  info.started_at = utc_now();
+  info.warmup = o.warmup;
+  info.steps_requested = o.steps;
+  info.exit_code = run_child(argv, o, parts.path);
+  info.finished_at = utc_now();
+
+  const auto collected = read_parts(parts.path);
+  if (collected.empty()) {
+    fmt::print(stderr,
+               "hfnn profile: nothing was recorded: the command ran no torch ops in a Python with hfnn installed "
+               "({}); {} is unchanged\n",
+               is_script ? argv[0] : "check `python3 -c \"import hfnn\"`", o.db);
+    return info.exit_code;
+  }
+  try {
+    profiles::Database db(o.db, true);
+    const int64_t run = db.add_run(info, collected);
+    if (o.quiet || o.report == "none") {
+      fmt::print("hfnn profile: run {} added to {}\n", run, o.db);
+    } else {
+      const auto report = profiles::report_json(db, run);
+      fmt::print("\n{}", o.report == "json" ? report.dump(2) + "\n" : profiles::report_text(report));
+      fmt::print("\nRun {} added to {} ({} process{}).\n", run, o.db, collected.size(), collected.size() == 1 ? "" : "es");
+    }
+  } catch (const profiles::DbError& e) {
+    fmt::print(stderr, "hfnn profile: {}\n", e.what());
+    return info.exit_code != 0 ? info.exit_code : 1;
+  }
+  return info.exit_code;
+}
+
+}  // namespace hfnn::cli

@@ -1,0 +1,21 @@
+// The in-process side of `hfnn profile`: a RecordFunction observer that aggregates, in memory,
+// per-op CPU time (self and total, forward and backward), the input shapes of the ops hfnn
+// accelerates, and step times, and writes them as one JSON part per process. The CLI merges the
+// parts into the SQLite database (profiles/db.h). Nothing per event reaches the disk: a part's
+// size depends on the number of distinct ops and shapes, not on the number of steps.
+#pragma once
+#include <string>
+
+namespace hfnn::profiles {
+
+// config_json: {"dir": part folder, "warmup": steps skipped, "steps": steps recorded (0: all),
+//               "meta": {...} copied into the part (versions, GPU, rank, command)}.
+void start(const std::string& config_json);
+// A step boundary, for loops without a torch optimizer (optimizer.step() is detected by itself).
+void step();
+// Writes the final part and stops observing. Safe to call twice.
+void stop();
+// The part as it would be written now (tests, debugging).
+std::string snapshot();
+
+}  // namespace hfnn::profiles

@@ -1,0 +1,82 @@
+// The SQLite database `hfnn profile` writes and `hfnn report` (and later `hfnn tune`) read.
+//
+// A file is ours when its `meta` table says app = hfnn; its schema_version says how to read it.
+// Opening migrates an older schema forward inside a transaction; a file that is not SQLite, not
+// ours, newer than this hfnn, or corrupt raises DbError and is left exactly as it was. Every
+// write of a run is one transaction with bound parameters.
+#pragma once
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hfnn::profiles {
+
+inline constexpr int kSchemaVersion = 1;
+
+// One line, naming the file and what would fix it.
+struct DbError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// What the CLI knows about a profiled command; the rest comes from the parts.
+struct RunInfo {
+  std::string command;
+  std::string started_at;   // ISO 8601, UTC
+  std::string finished_at;
+  int exit_code = 0;
+  int warmup = 0;
+  int steps_requested = 0;
+};
+
+class Database {
+ public:
+  // Opens `path`, creating an empty database if the file does not exist and `create` is set.
+  Database(const std::string& path, bool create);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  // Adds one run from the processes' parts (profiles/collector.h's JSON); returns its id.
+  int64_t add_run(const RunInfo& run, const std::vector<nlohmann::json>& parts);
+  // The newest run's id, or 0 when there is none.
+  int64_t latest_run();
+  sqlite3* handle() { return db_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void check(int rc, const char* what);
+  void exec(const char* sql);
+  void migrate_from(int version);
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+// A prepared statement with bound parameters; steps and finalizes.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql);
+  ~Statement();
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  Statement& bind(int index, int64_t value);
+  Statement& bind(int index, double value);
+  Statement& bind(int index, const std::string& value);
+  Statement& bind_null(int index);
+  bool step();  // true while a row is available
+  void reset();
+  int64_t column_int(int index);
+  double column_double(int index);
+  std::string column_text(int index);
+  bool column_is_null(int index);
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+}  // namespace hfnn::profiles

@@ -1,0 +1,20 @@
+// What a profile run says, read back from the database: as text (what `hfnn profile` prints at
+// the end and `hfnn report` prints) and as JSON with the same content, for scripts.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "profiles/db.h"
+
+namespace hfnn::profiles {
+
+// The op category a name falls in: layer_norm, attention, lstm, gemm, communication, elementwise, other.
+std::string op_category(const std::string& op_name);
+
+// The report of run `run_id` (0: the newest) as JSON: run, steps, top ops, categories, shapes.
+nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15);
+// The same as text for a terminal.
+std::string report_text(const nlohmann::json& report);
+
+}  // namespace hfnn::profiles

@@ -1,0 +1,148 @@
+"""`hfnn profile` and `hfnn report` on the CPU path: a real training script in a child process,
+its profile merged into SQLite, and every way a run can end or a database can be wrong."""
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HFNN = shutil.which("hfnn")
+SCRIPT = Path(__file__).parent / "scripts" / "tiny_train.py"
+pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
+
+
+def profile(tmp_path, *args, db="shapes.db", **kw):
+    cmd = [HFNN, "profile", "--db", str(tmp_path / db), "--python", sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, **kw)
+
+
+def rows(db, sql, *params):
+    with sqlite3.connect(db) as con:
+        return con.execute(sql, params).fetchall()
+
+
+def test_profile_records_steps_ops_and_layer_norm_shapes(tmp_path):
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", str(SCRIPT), "6")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    assert "Run 1 added to" in out.stdout and "LayerNorm input shapes" in out.stdout
+    ((steps_recorded, exit_code, warmup),) = rows(db, "SELECT steps_recorded, exit_code, warmup FROM runs")
+    assert (steps_recorded, exit_code, warmup) == (3, 0, 1)
+    assert len(rows(db, "SELECT * FROM step_stats WHERE run_id = 1")) == 3
+    shapes = rows(db, "SELECT shape, normalized_shape, dtype, affine, phase, calls FROM shape_stats ORDER BY affine, phase")
+    # Two LayerNorms (with and without affine), forward and backward, 3 recorded steps each.
+    assert shapes == [("[16,64]", "[64]", "float32", 0, "bwd", 3), ("[16,64]", "[64]", "float32", 0, "fwd", 3),
+                      ("[16,64]", "[64]", "float32", 1, "bwd", 3), ("[16,64]", "[64]", "float32", 1, "fwd", 3)]
+    ops = dict(rows(db, "SELECT name || '/' || phase, calls FROM op_stats"))
+    assert ops["aten::addmm/fwd"] == 6 and ops["aten::native_layer_norm_backward/bwd"] == 6
+    assert all(r[0] >= r[1] >= 0 for r in rows(db, "SELECT cpu_total_us, cpu_self_us FROM op_stats"))
+
+
+def test_runs_accumulate_and_report_reads_them_back(tmp_path):
+    for _ in range(2):
+        assert profile(tmp_path, "-q", str(SCRIPT), "4").returncode == 0
+    db = str(tmp_path / "shapes.db")
+    report = subprocess.run([HFNN, "report", "--db", db, "--run", "1", "--format", "json"], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["run"]["id"] == 1 and data["run"]["steps_recorded"] == 2  # 4 steps - 2 warm-up (defaults)
+    assert data["shapes"][0]["run_pct"] == pytest.approx(50.0)  # two LayerNorm shapes, one call each a step
+    assert abs(sum(data["categories"].values()) - 1) < 1e-6
+    assert data["run"]["gpu"] is None and "CUDA columns are empty" in data["cuda_note"]
+    text_file = tmp_path / "report.txt"
+    assert subprocess.run([HFNN, "report", "--db", db, "-o", str(text_file)]).returncode == 0
+    assert "hfnn profile, run 2" in text_file.read_text()
+
+
+def test_manual_step_marker_without_optimizer(tmp_path):
+    out = profile(tmp_path, "--warmup", "0", "--steps", "0", str(SCRIPT), "5", "manual-steps")
+    assert out.returncode == 0, out.stderr
+    assert rows(tmp_path / "shapes.db", "SELECT steps_recorded FROM runs") == [(5,)]
+
+
+def test_failing_script_keeps_its_profile_and_exit_code(tmp_path):
+    out = profile(tmp_path, "--warmup", "0", str(SCRIPT), "3", "raise")
+    assert out.returncode == 1
+    assert "the user's script failed" in out.stderr
+    assert rows(tmp_path / "shapes.db", "SELECT exit_code, steps_recorded FROM runs") == [(1, 3)]
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_interrupted_script_keeps_its_profile(tmp_path, signum, code):
+    cmd = [HFNN, "profile", "--db", str(tmp_path / "shapes.db"), "--python", sys.executable, "--warmup", "0",
+           "--steps", "0", str(SCRIPT), "0", "loop"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 60
+    for line in proc.stdout:
+        if line.startswith("step 5") or time.time() > deadline:
+            break
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)  # Ctrl-C goes to the terminal's whole process group
+    else:
+        proc.send_signal(signum)  # a scheduler stopping the job signals hfnn, which passes it on
+    proc.communicate(timeout=60)
+    assert proc.returncode == code
+    ((exit_code, steps),) = rows(tmp_path / "shapes.db", "SELECT exit_code, steps_recorded FROM runs")
+    assert exit_code == code and steps >= 5
+
+
+def test_missing_script_is_one_line_and_writes_nothing(tmp_path):
+    out = profile(tmp_path, "no_such_train.py")
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "no_such_train.py" in out.stderr
+    assert not (tmp_path / "shapes.db").exists()
+
+
+def test_bad_option_is_one_line(tmp_path):
+    out = subprocess.run([HFNN, "profile", "--steps", "many", str(SCRIPT)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
+
+
+def _sqlite_file(path, statements):
+    with sqlite3.connect(path) as con:
+        for s in statements:
+            con.execute(s)
+
+
+@pytest.mark.parametrize("kind", ["not-sqlite", "other-app", "newer", "corrupt"])
+def test_bad_database_is_refused_untouched_before_the_script_runs(tmp_path, kind):
+    db = tmp_path / "shapes.db"
+    if kind == "not-sqlite":
+        db.write_text("these are my notes\n")
+    elif kind == "other-app":
+        _sqlite_file(db, ["CREATE TABLE accounts(id INTEGER)"])
+    elif kind == "newer":
+        _sqlite_file(db, ["CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)",
+                          "INSERT INTO meta VALUES ('app', 'hfnn'), ('schema_version', '99')"])
+    else:
+        _sqlite_file(db, ["CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)",
+                          "CREATE TABLE t(x)"] + [f"INSERT INTO t VALUES ({i})" for i in range(2000)])
+        data = bytearray(db.read_bytes())
+        data[100:4096] = b"\xff" * (4096 - 100)  # the first page's b-tree
+        db.write_bytes(bytes(data))
+    before = db.read_bytes()
+    out = profile(tmp_path, str(SCRIPT), "2")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().count("\n") == 0 and str(db) in out.stderr
+    assert {"not-sqlite": "not an hfnn database", "other-app": "not an hfnn database", "newer": "newer hfnn",
+            "corrupt": "corrupt"}[kind] in out.stderr
+    assert "step" not in out.stdout  # the script did not run
+    assert db.read_bytes() == before
+
+
+def test_report_without_database_is_a_clear_error(tmp_path):
+    out = subprocess.run([HFNN, "report", "--db", str(tmp_path / "none.db")], capture_output=True, text=True)
+    assert out.returncode == 2 and "no such database" in out.stderr
+
+
+def test_startup_hook_does_nothing_without_the_variable():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
+    out = subprocess.run([sys.executable, "-c", "import sys; print('hfnn' in sys.modules, 'torch' in sys.modules)"],
+                         capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "False False"
