@@ -24,7 +24,8 @@ struct ProfileOptions {
   std::string python;
   std::vector<std::string> command;
 };
-void setup_profile(CLI::App& app, int& exit_code);
+// `command_after_dashes`: what followed `--` on the command line (main.cpp cuts it off).
+CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::string>& command_after_dashes);
 int run_profile(const ProfileOptions& options);
 
 struct ReportOptions {

@@ -1,6 +1,10 @@
 // The hfnn executable: wires the subcommands (one file each) into one CLI11 app.
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
 #include "hfnn/version.h"
 
@@ -22,11 +26,29 @@ int main(int argc, char** argv) {
   });
   app.require_subcommand(0, 1);
   int exit_code = 0;
-  hfnn::cli::setup_profile(app, exit_code);
+  std::vector<std::string> command_after_dashes;
+  CLI::App* profile = hfnn::cli::setup_profile(app, exit_code, command_after_dashes);
   hfnn::cli::setup_report(app, exit_code);
   hfnn::cli::setup_variants(app, exit_code);
+
+  // `hfnn profile [options] -- <command>`: CLI11 would hand what follows -- to the top-level app,
+  // so it is cut off here, but only when -- comes before the script (after it, -- is the script's).
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (auto it = std::find(args.begin(), args.end(), "profile"); it != args.end()) {
+    for (++it; it != args.end(); ++it) {
+      if (*it == "--") {
+        command_after_dashes.assign(it + 1, args.end());
+        args.erase(it, args.end());
+        break;
+      }
+      if (it->empty() || (*it)[0] != '-') break;  // the script: the rest is its own
+      const CLI::Option* opt = profile->get_option_no_throw(it->substr(0, it->find('=')));
+      if (opt && opt->get_expected_max() > 0 && it->find('=') == std::string::npos && it + 1 != args.end()) ++it;
+    }
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments as a reversed vector
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help and --version end here too, with 0; a usage error exits 2, as command-line tools do.
     return app.exit(e) == 0 ? 0 : 2;

@@ -139,7 +139,7 @@ struct TempDir {
 
 }  // namespace
 
-void setup_profile(CLI::App& app, int& exit_code) {
+CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::string>& command_after_dashes) {
   auto o = std::make_shared<ProfileOptions>();
   auto* sub = app.add_subcommand(
       "profile",
@@ -158,15 +158,22 @@ void setup_profile(CLI::App& app, int& exit_code) {
       CLI::IsMember({"text", "json", "none"}));
   sub->add_flag("--quiet,-q", o->quiet, "Print only where the run was written");
   sub->add_option("--python", o->python, "Python for a .py script (default: the one hfnn is installed in)");
-  sub->add_option("command", o->command, "The script and its arguments, or -- and any command")->required();
-  sub->prefix_command();  // everything after the script belongs to the script
-  sub->callback([o, &exit_code]() { exit_code = run_profile(*o); });
+  // No positional is declared: the first one stops hfnn's parsing (prefix_command), so everything
+  // from the script on, options included, belongs to the script.
+  sub->prefix_command();
+  sub->footer("The script and its arguments come last: hfnn's own options go before it.");
+  sub->callback([o, sub, &command_after_dashes, &exit_code]() {
+    o->command = sub->remaining();
+    if (o->command.empty()) o->command = command_after_dashes;
+    exit_code = run_profile(*o);
+  });
+  return sub;
 }
 
 int run_profile(const ProfileOptions& o) {
   std::vector<std::string> argv = o.command;
   if (argv.empty()) {
-    fmt::print(stderr, "hfnn profile: no command given (see `hfnn profile --help`)\n");
+    fmt::print(stderr, "hfnn profile: no script or command given (see `hfnn profile --help`)\n");
     return 2;
   }
   const bool is_script = argv[0].size() > 3 && argv[0].substr(argv[0].size() - 3) == ".py";

@@ -79,6 +79,15 @@ meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 pathlib.Path(sys.argv[2]).write_text(json.dumps(dict(meta, runs=runs), indent=1) + "\n")
 PY
 fi
+if want profile && [ -f examples/evoformer.py ]; then
+  # The profiler on the GPU: the example under `hfnn profile` against the same run without it.
+  python3 examples/evoformer.py --steps 20 --warmup 5 --json "$OUT/plain.json" > "$OUT/profile.log" 2>&1 || status=1
+  (cd "$OUT" && hfnn profile --db "$OUT/shapes.db" --warmup 5 --steps 20 --python "$(command -v python3)" \
+     "$OLDPWD/examples/evoformer.py" --steps 20 --warmup 5 --json "$OUT/profiled.json") >> "$OUT/profile.log" 2>&1 || status=1
+  tail -30 "$OUT/profile.log"
+  python3 -c "import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); print(f'median step: plain {a[\"median_step_ms\"]:.2f} ms, under hfnn profile {b[\"median_step_ms\"]:.2f} ms ({100*(b[\"median_step_ms\"]/a[\"median_step_ms\"]-1):+.1f}%)')" "$OUT/plain.json" "$OUT/profiled.json"
+  ls -l "$OUT/shapes.db"
+fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
   python3 bench/layer_norm.py --out "$OUT/layer_norm-$gpu.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -70 || status=1

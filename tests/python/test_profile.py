@@ -54,7 +54,12 @@ def test_runs_accumulate_and_report_reads_them_back(tmp_path):
     assert data["run"]["id"] == 1 and data["run"]["steps_recorded"] == 2  # 4 steps - 2 warm-up (defaults)
     assert data["shapes"][0]["run_pct"] == pytest.approx(50.0)  # two LayerNorm shapes, one call each a step
     assert abs(sum(data["categories"].values()) - 1) < 1e-6
-    assert data["run"]["gpu"] is None and "CUDA columns are empty" in data["cuda_note"]
+    import torch
+
+    if torch.cuda.is_available():
+        assert data["run"]["gpu"] == torch.cuda.get_device_name() and "CUDA times" in data["cuda_note"]
+    else:
+        assert data["run"]["gpu"] is None and "CUDA columns are empty" in data["cuda_note"]
     text_file = tmp_path / "report.txt"
     assert subprocess.run([HFNN, "report", "--db", db, "-o", str(text_file)]).returncode == 0
     assert "hfnn profile, run 2" in text_file.read_text()
@@ -86,10 +91,21 @@ def test_interrupted_script_keeps_its_profile(tmp_path, signum, code):
         os.killpg(proc.pid, signum)  # Ctrl-C goes to the terminal's whole process group
     else:
         proc.send_signal(signum)  # a scheduler stopping the job signals hfnn, which passes it on
-    proc.communicate(timeout=60)
-    assert proc.returncode == code
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err[-2000:]
     ((exit_code, steps),) = rows(tmp_path / "shapes.db", "SELECT exit_code, steps_recorded FROM runs")
     assert exit_code == code and steps >= 5
+
+
+def test_script_arguments_are_the_scripts_even_when_they_look_like_hfnns(tmp_path):
+    args = ["--steps", "20", "--warmup", "5", "--db", "x.db", "-q", "--", "plain"]
+    out = profile(tmp_path, "--steps", "1", str(SCRIPT), "argv", str(tmp_path / "argv.txt"), *args)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "argv.txt").read_text().split("\n") == args
+    out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "y.db"), "--", sys.executable, str(SCRIPT), "argv",
+                          str(tmp_path / "argv2.txt"), "--steps", "3"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "argv2.txt").read_text().split("\n") == ["--steps", "3"]
 
 
 def test_missing_script_is_one_line_and_writes_nothing(tmp_path):

@@ -1,6 +1,7 @@
 """A tiny real training loop for the profiler tests: Linear, LayerNorm, AdamW on the CPU.
 
     python3 tiny_train.py STEPS [raise|loop|manual-steps]
+    python3 tiny_train.py argv FILE ARGS...   (writes ARGS to FILE)
 raise: fail after the loop; loop: train until killed; manual-steps: no optimizer, hfnn.step().
 """
 import sys
@@ -8,6 +9,10 @@ import time
 
 import torch
 
+if len(sys.argv) > 2 and sys.argv[1] == "argv":  # write what the script was given, nothing else
+    with open(sys.argv[2], "w") as f:
+        f.write("\n".join(sys.argv[3:]))
+    sys.exit(0)
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
 torch.manual_seed(0)
