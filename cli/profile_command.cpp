@@ -154,8 +154,8 @@ CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::st
   sub->add_option("--steps", o->steps, "Steps to record, then the script runs on untouched (0: until it ends)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--report", o->report, "Report printed at the end")->capture_default_str()->check(
-      CLI::IsMember({"text", "json", "none"}));
+  sub->add_option("--report", o->report, "Report at the end: printed (text, json), or html: a page next to --db")->capture_default_str()->check(
+      CLI::IsMember({"text", "html", "json", "none"}));
   sub->add_flag("--quiet,-q", o->quiet, "Print only where the run was written");
   sub->add_option("--python", o->python, "Python for a .py script (default: the one hfnn is installed in)");
   // No positional is declared: the first one stops hfnn's parsing (prefix_command), so everything
@@ -218,6 +218,10 @@ int run_profile(const ProfileOptions& o) {
     const int64_t run = db.add_run(info, collected);
     if (o.quiet || o.report == "none") {
       fmt::print("hfnn profile: run {} added to {}\n", run, o.db);
+    } else if (o.report == "html") {
+      const auto page = fs::path(o.db).replace_extension("").string() + "-run" + std::to_string(run) + ".html";
+      std::ofstream(page) << profiles::report_html(profiles::report_json(db, run));
+      fmt::print("\nhfnn profile: run {} added to {}; report: {}\n", run, o.db, page);
     } else {
       const auto report = profiles::report_json(db, run);
       fmt::print("\n{}", o.report == "json" ? report.dump(2) + "\n" : profiles::report_text(report));

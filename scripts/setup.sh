@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for hfnn and installs it: the system packages the build needs (Debian or
-# Ubuntu, as root), torch (2.11.0 unless a torch is already installed), the build and test tools,
+# Sets up a fresh machine for hfnn and installs it: the system packages the build and tests need
+# (Debian or Ubuntu, as root; Chromium renders the HTML report in a test), torch (2.11.0 unless a torch is already installed), the build and test tools,
 # then `pip install --no-build-isolation .`, which builds the CUDA kernels when nvcc is on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
-  for pkg in cmake ninja-build g++ libcli11-dev libfmt-dev nlohmann-json3-dev libsqlite3-dev libgtest-dev; do
+  for pkg in cmake ninja-build g++ libcli11-dev libfmt-dev nlohmann-json3-dev libsqlite3-dev libgtest-dev chromium; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then

@@ -173,3 +173,41 @@ def test_startup_hook_does_nothing_without_the_variable():
     out = subprocess.run([sys.executable, "-c", "import sys; print('hfnn' in sys.modules, 'torch' in sys.modules)"],
                          capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "False False"
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _render(page, png):
+    """Headless Chromium: screenshot of `page`; returns the console lines it logged."""
+    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                          "--log-level=0", "--window-size=1200,1400", f"--screenshot={png}", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    return [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def test_html_report_is_self_contained_and_complete(tmp_path):
+    out = profile(tmp_path, "--report", "html", str(SCRIPT), "5")
+    assert out.returncode == 0, out.stderr
+    page = tmp_path / "shapes-run1.html"
+    assert f"report: {page}" in out.stdout
+    html = page.read_text()
+    for needed in ("Where the time goes", "Top ops by CPU self time", "LayerNorm input shapes", "Step time per rank",
+                   "<code>[16,64]</code>", "aten::native_layer_norm"):
+        assert needed in html, needed
+    assert "<script" not in html and "http://" not in html and "https://" not in html  # no network, no code
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/setup.sh installs it on Debian)")
+def test_html_report_renders_in_a_real_browser_without_console_errors(tmp_path):
+    # The check itself works: a page that logs to the console is caught.
+    noisy = tmp_path / "noisy.html"
+    noisy.write_text('<html><body><script>console.error("hfnn-check")</script></body></html>')
+    assert any("hfnn-check" in line for line in _render(noisy, tmp_path / "noisy.png"))
+
+    assert profile(tmp_path, "-q", str(SCRIPT), "5").returncode == 0
+    page = tmp_path / "report.html"
+    assert subprocess.run([HFNN, "report", "--db", str(tmp_path / "shapes.db"), "--format", "html", "-o", str(page)]).returncode == 0
+    png = tmp_path / "report.png"
+    assert _render(page, png) == []
+    assert png.stat().st_size > 20_000  # a rendered page, not a blank one

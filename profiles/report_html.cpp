@@ -1,0 +1,138 @@
+// The HTML report: one self-contained file (inline CSS and SVG, no script, no network) that a
+// person reads at a glance: where CPU time goes by op and category, the LayerNorm shapes with
+// their Run%, and step times per rank.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "profiles/report.h"
+
+namespace hfnn::profiles {
+namespace {
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// A horizontal bar for a share in [0, 1], as inline SVG.
+std::string bar(double share, const char* color, int width = 240) {
+  const double w = std::clamp(share, 0.0, 1.0) * width;
+  return fmt::format(R"(<svg class="bar" width="{0}" height="14" role="img" aria-label="{2:.1f}%"><rect width="{0}" height="14" fill="#eef1f5"/><rect width="{1:.1f}" height="14" fill="{3}"/></svg>)",
+                     width, w, 100 * share, color);
+}
+
+const char* category_color(const std::string& c) {
+  if (c == "layer_norm") return "#d9480f";
+  if (c == "attention") return "#5f3dc4";
+  if (c == "lstm") return "#0b7285";
+  if (c == "gemm") return "#1c7ed6";
+  if (c == "communication") return "#e8590c";
+  if (c == "elementwise") return "#74b816";
+  return "#868e96";
+}
+
+}  // namespace
+
+std::string report_html(const nlohmann::json& r) {
+  const auto& run = r["run"];
+  std::string h;
+  h += R"(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>hfnn profile</title>
+<style>
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;color:#212529;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dee2e6;padding-bottom:4px}
+.meta{color:#495057}.note{background:#fff9db;border-left:4px solid #fab005;padding:6px 10px;margin:10px 0}
+table{border-collapse:collapse;width:100%}th,td{padding:4px 8px;text-align:left;border-bottom:1px solid #f1f3f5;white-space:nowrap}
+th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.name{max-width:460px;overflow:hidden;text-overflow:ellipsis}.bar{vertical-align:middle}
+.stack{display:flex;height:22px;border-radius:4px;overflow:hidden;margin:6px 0}.legend span{margin-right:14px;white-space:nowrap}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
+</style></head><body>
+)";
+  h += fmt::format("<h1>hfnn profile &middot; run {}</h1>\n<div class=\"meta\"><code>{}</code><br>exit code {} &middot; torch {} &middot; hfnn {} &middot; GPU {}</div>\n",
+                   run["id"].get<int64_t>(), escape(run["command"].get<std::string>()), run["exit_code"].get<int64_t>(),
+                   escape(run["torch"].get<std::string>()), escape(run["hfnn"].get<std::string>()),
+                   run["gpu"].is_null() ? std::string("none") : escape(run["gpu"].get<std::string>()));
+  h += fmt::format("<div class=\"note\">{}</div>\n", escape(r["cuda_note"].get<std::string>()));
+
+  // Categories as one stacked bar.
+  std::vector<std::pair<double, std::string>> cats;
+  for (const auto& [k, v] : r["categories"].items()) cats.emplace_back(v.get<double>(), k);
+  std::sort(cats.rbegin(), cats.rend());
+  h += "<h2>Where the time goes</h2>\n<div class=\"stack\">";
+  for (const auto& [v, k] : cats)
+    h += fmt::format("<div title=\"{0} {1:.1f}%\" style=\"width:{1:.2f}%;background:{2}\"></div>", escape(k), 100 * v,
+                     category_color(k));
+  h += "</div>\n<div class=\"legend\">";
+  for (const auto& [v, k] : cats)
+    h += fmt::format("<span><i class=\"swatch\" style=\"background:{}\"></i>{} {:.1f}%</span>", category_color(k),
+                     escape(k), 100 * v);
+  h += "</div>\n";
+
+  h += "<h2>Top ops by CPU self time</h2>\n<table><tr><th>op</th><th>phase</th><th class=\"num\">calls</th>"
+       "<th class=\"num\">self ms</th><th>share</th><th class=\"num\">total ms</th></tr>\n";
+  for (const auto& o : r["ops"]) {
+    const std::string name = o["name"].get<std::string>();
+    h += fmt::format("<tr><td class=\"name\" title=\"{0}\">{0}</td><td>{1}</td><td class=\"num\">{2}</td>"
+                     "<td class=\"num\">{3:.3f}</td><td>{4} {5:.1f}%</td><td class=\"num\">{6:.3f}</td></tr>\n",
+                     escape(name), escape(o["phase"].get<std::string>()), o["calls"].get<int64_t>(),
+                     o["cpu_self_us"].get<double>() / 1e3, bar(o["share"].get<double>(), category_color(op_category(name))),
+                     100 * o["share"].get<double>(), o["cpu_total_us"].get<double>() / 1e3);
+  }
+  h += "</table>\n";
+
+  h += "<h2>LayerNorm input shapes</h2>\n";
+  if (r["shapes"].empty()) {
+    h += "<p>No LayerNorm ran in the recorded steps: nothing for <code>hfnn tune</code> to tune.</p>\n";
+  } else {
+    h += "<table><tr><th>shape</th><th>normalized</th><th>dtype</th><th>affine</th><th class=\"num\">fwd calls</th>"
+         "<th>Run%</th><th class=\"num\">bwd calls</th><th class=\"num\">CPU ms</th><th>share of LayerNorm time</th></tr>\n";
+    for (const auto& s : r["shapes"])
+      h += fmt::format("<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td><td class=\"num\">{}</td>"
+                       "<td>{} {:.2f}%</td><td class=\"num\">{}</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
+                       escape(s["shape"].get<std::string>()), escape(s["normalized_shape"].get<std::string>()),
+                       escape(s["dtype"].get<std::string>()), s["affine"].get<bool>() ? "yes" : "no",
+                       s["fwd_calls"].get<int64_t>(), bar(s["run_pct"].get<double>() / 100, "#d9480f", 160),
+                       s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(), s["cpu_total_us"].get<double>() / 1e3,
+                       bar(s["time_share"].get<double>(), "#d9480f", 160), 100 * s["time_share"].get<double>());
+    h += "</table>\n";
+  }
+
+  h += "<h2>Step time per rank</h2>\n";
+  if (r["steps"].empty()) {
+    h += "<p>No step boundary was seen (no <code>optimizer.step()</code> or <code>hfnn.step()</code>): the numbers above cover the whole run.</p>\n";
+  } else {
+    double longest = 0;
+    for (const auto& s : r["steps"]) longest = std::max(longest, s["max_ms"].get<double>());
+    h += "<table><tr><th>rank</th><th class=\"num\">steps</th><th class=\"num\">mean ms</th><th>mean (bar) and range</th>"
+         "<th class=\"num\">min ms</th><th class=\"num\">max ms</th></tr>\n";
+    for (const auto& s : r["steps"]) {
+      const double scale = longest > 0 ? 300.0 / longest : 0;
+      const double mean = s["mean_ms"].get<double>(), lo = s["min_ms"].get<double>(), hi = s["max_ms"].get<double>();
+      h += fmt::format("<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2f}</td><td><svg width=\"300\" height=\"14\" "
+                       "role=\"img\" aria-label=\"{:.2f} ms\"><rect width=\"300\" height=\"14\" fill=\"#eef1f5\"/><rect width=\"{:.1f}\" "
+                       "height=\"14\" fill=\"#1c7ed6\"/><line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"7\" y2=\"7\" stroke=\"#212529\" "
+                       "stroke-width=\"2\"/></svg></td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td></tr>\n",
+                       s["rank"].get<int64_t>(), s["steps"].get<int64_t>(), mean, mean, mean * scale, lo * scale,
+                       hi * scale, lo, hi);
+    }
+    h += "</table>\n";
+  }
+  h += "</body></html>\n";
+  return h;
+}
+
+}  // namespace hfnn::profiles
