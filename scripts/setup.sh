@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for hfnn and installs it: the system packages the build and tests need
-# (Debian or Ubuntu, as root; Chromium renders the HTML report in a test), torch (2.11.0 unless a torch is already installed), the build and test tools,
-# then `pip install --no-build-isolation .`, which builds the CUDA kernels when nvcc is on PATH.
+# Sets up a fresh machine for hfnn and installs it: the system packages the build and the tests
+# need (Debian or Ubuntu, as root; Chromium renders the HTML report in a test), torch (2.11.0
+# unless a torch is already installed), the build and test tools, then
+# `pip install --no-build-isolation .`, which builds the CUDA kernels when nvcc is on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
