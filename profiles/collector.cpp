@@ -16,7 +16,16 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
+
+#define HFNN_GPU_ACTIVITY (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
+#if HFNN_GPU_ACTIVITY
+#include <cuda_runtime_api.h>
+
+#include "profiles/cupti_activity.h"
+#endif
 
 namespace hfnn::profiles {
 namespace {
@@ -87,14 +96,32 @@ std::optional<ShapeKey> layer_norm_shape(const at::RecordFunction& fn, Tunable k
 
 struct OpTotals {
   int64_t calls = 0, total_ns = 0, self_ns = 0;
+  int64_t cuda_self_ns = 0, cuda_total_ns = 0;  // kernels launched by the op itself / inside it
 };
 
 struct Frame {
   int64_t start_ns = 0;
   int64_t child_ns = 0;
   bool backward = false;
+  bool pushed = false;  // an external correlation id was pushed for this op
+  uint64_t id = 0, parent = 0;
   std::optional<ShapeKey> shape;
 };
+
+// One op call, kept (while GPU activity is on) until its kernels are attributed: the kernel's
+// time goes to `op` (self) and to it and every enclosing op (total).
+struct Invocation {
+  OpTotals* op = nullptr;
+  OpTotals* shape = nullptr;
+  uint64_t parent = 0;
+  int step = 0;
+};
+
+struct KernelTotals {
+  int64_t calls = 0, ns = 0;
+};
+
+std::atomic<uint64_t> g_next_id{1};
 
 thread_local std::vector<Frame> t_stack;
 thread_local int t_backward_depth = 0;
@@ -110,6 +137,14 @@ struct State {
   std::vector<double> step_ms;
   std::map<std::pair<std::string, std::string>, OpTotals> ops;  // (name, phase)
   std::map<ShapeKey, OpTotals> shapes;
+  std::map<std::string, KernelTotals> kernels;
+  std::vector<double> step_gpu_ms;
+  bool gpu = false;  // CUPTI records are being collected
+  // What happened to the CUDA records: drained, attributed, or dropped and why (in each part).
+  int64_t gpu_records = 0, gpu_correlations = 0, gpu_attributed = 0, gpu_no_correlation = 0, gpu_no_op = 0;
+  std::unordered_map<uint64_t, Invocation> invocations;
+  std::unordered_map<uint32_t, uint64_t> correlation;  // CUDA API correlation id -> op call id
+  std::vector<uint64_t> step_first_id;  // first op call id of each recorded step
   std::atomic<bool> recording{false};
   std::optional<at::CallbackHandle> handle;
   bool stopped = false;
@@ -122,16 +157,34 @@ State& state() {
 
 nlohmann::json part_json(const State& s) {
   nlohmann::json ops = nlohmann::json::array(), shapes = nlohmann::json::array();
-  for (const auto& [key, t] : s.ops)
-    ops.push_back({{"name", key.first}, {"phase", key.second}, {"calls", t.calls},
-                   {"cpu_total_us", t.total_ns / 1e3}, {"cpu_self_us", t.self_ns / 1e3}});
-  for (const auto& [key, t] : s.shapes)
-    shapes.push_back({{"op", key.op}, {"shape", key.shape}, {"normalized_shape", key.normalized},
-                      {"dtype", key.dtype}, {"affine", key.affine}, {"phase", key.phase}, {"calls", t.calls},
-                      {"cpu_total_us", t.total_ns / 1e3}});
-  return {{"format", "hfnn-profile-part"}, {"version", 1}, {"meta", s.meta},
-          {"warmup", s.warmup}, {"steps_requested", s.steps}, {"step_boundaries", s.boundaries},
-          {"step_ms", s.step_ms}, {"ops", ops}, {"shapes", shapes}};
+  for (const auto& [key, t] : s.ops) {
+    nlohmann::json o = {{"name", key.first}, {"phase", key.second}, {"calls", t.calls},
+                        {"cpu_total_us", t.total_ns / 1e3}, {"cpu_self_us", t.self_ns / 1e3}};
+    if (s.gpu) {
+      o["cuda_total_us"] = t.cuda_total_ns / 1e3;
+      o["cuda_self_us"] = t.cuda_self_ns / 1e3;
+    }
+    ops.push_back(o);
+  }
+  for (const auto& [key, t] : s.shapes) {
+    nlohmann::json o = {{"op", key.op}, {"shape", key.shape}, {"normalized_shape", key.normalized},
+                        {"dtype", key.dtype}, {"affine", key.affine}, {"phase", key.phase}, {"calls", t.calls},
+                        {"cpu_total_us", t.total_ns / 1e3}};
+    if (s.gpu) o["cuda_total_us"] = t.cuda_total_ns / 1e3;
+    shapes.push_back(o);
+  }
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const auto& [name, k] : s.kernels) kernels.push_back({{"name", name}, {"calls", k.calls}, {"cuda_us", k.ns / 1e3}});
+  nlohmann::json part = {{"format", "hfnn-profile-part"}, {"version", 1}, {"meta", s.meta},
+                         {"warmup", s.warmup}, {"steps_requested", s.steps}, {"step_boundaries", s.boundaries},
+                         {"step_ms", s.step_ms}, {"ops", ops}, {"shapes", shapes}, {"kernels", kernels}};
+  if (s.gpu) {
+    part["step_gpu_ms"] = s.step_gpu_ms;
+    part["gpu_records"] = {{"drained", s.gpu_records}, {"correlations", s.gpu_correlations},
+                           {"attributed", s.gpu_attributed}, {"no_correlation", s.gpu_no_correlation},
+                           {"no_op", s.gpu_no_op}, {"invocations_kept", s.invocations.size()}};
+  }
+  return part;
 }
 
 // Atomic: a reader (the CLI) sees the previous part or this one, never half of one.
@@ -147,16 +200,82 @@ void write_part(const State& s) {
   std::filesystem::rename(tmp, s.part_path, ec);
 }
 
+#if HFNN_GPU_ACTIVITY
+// Hands the CUDA records completed so far to the ops that launched them. Called with the lock
+// held; CuptiActivity::drain takes only its own lock.
+void attribute_locked(State& s, bool forced) {
+  if (!s.gpu) return;
+  std::vector<GpuRecord> records;
+  std::vector<Correlation> correlations;
+  CuptiActivity::drain(&records, &correlations, forced);
+  s.gpu_records += static_cast<int64_t>(records.size());
+  s.gpu_correlations += static_cast<int64_t>(correlations.size());
+  for (const auto& c : correlations) s.correlation[c.correlation] = c.external;
+  for (const auto& r : records) {
+    const auto corr = s.correlation.find(r.correlation);
+    if (corr == s.correlation.end()) {  // launched outside any recorded op
+      ++s.gpu_no_correlation;
+      continue;
+    }
+    auto inv = s.invocations.find(corr->second);
+    if (inv == s.invocations.end()) {  // a warm-up step's, or one already forgotten
+      ++s.gpu_no_op;
+      continue;
+    }
+    ++s.gpu_attributed;
+    const int64_t ns = static_cast<int64_t>(r.end_ns - r.start_ns);
+    KernelTotals& k = s.kernels[r.name];
+    ++k.calls;
+    k.ns += ns;
+    inv->second.op->cuda_self_ns += ns;
+    const int step = inv->second.step;
+    if (step >= 0 && step < static_cast<int>(s.step_gpu_ms.size())) s.step_gpu_ms[step] += ns / 1e6;
+    std::unordered_set<const OpTotals*> seen;  // an op nested in itself counts once
+    bool shape_done = false;
+    for (auto it = inv; it != s.invocations.end(); it = s.invocations.find(it->second.parent)) {
+      if (seen.insert(it->second.op).second) it->second.op->cuda_total_ns += ns;
+      if (it->second.shape && !shape_done) {
+        it->second.shape->cuda_total_ns += ns;
+        shape_done = true;
+      }
+      if (it->second.parent == 0) break;
+    }
+  }
+}
+
+// Keeps the op calls of the last two steps: kernels finish after the CPU has moved on.
+void forget_old_locked(State& s) {
+  if (s.step_first_id.size() < 2) return;
+  const uint64_t keep_from = s.step_first_id[s.step_first_id.size() - 2];
+  for (auto it = s.invocations.begin(); it != s.invocations.end();)
+    it = it->first < keep_from ? s.invocations.erase(it) : std::next(it);
+  for (auto it = s.correlation.begin(); it != s.correlation.end();)
+    it = it->second < keep_from ? s.correlation.erase(it) : std::next(it);
+}
+#else
+void attribute_locked(State&, bool) {}
+void forget_old_locked(State&) {}
+#endif
+
 void boundary_locked(State& s) {
   const int64_t t = now_ns();
   ++s.boundaries;
+  attribute_locked(s, false);
   if (s.boundaries <= s.warmup) {  // warm-up: forget what was seen so far
     s.ops.clear();
     s.shapes.clear();
+    s.kernels.clear();
+    s.invocations.clear();
+    s.correlation.clear();
   } else if (s.steps == 0 || s.recorded < s.steps) {
     s.step_ms.push_back((t - s.last_boundary_ns) / 1e6);
     ++s.recorded;
+    forget_old_locked(s);
     const bool last = s.steps != 0 && s.recorded == s.steps;
+    if (!last) {  // the next step's GPU time and first op call
+      s.step_gpu_ms.push_back(0.0);
+      s.step_first_id.push_back(g_next_id.load());
+    }
     if (last) s.recording = false;  // the script runs on untouched
     // Rewritten at most once a second (and after the last step): a crash loses at most that much,
     // and short steps do not pay for file writes.
@@ -173,9 +292,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   f.start_ns = now_ns();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) ++t_backward_depth;
   f.backward = t_backward_depth > 0;
-  if (state().recording.load(std::memory_order_relaxed)) {
+  State& s = state();
+  if (s.recording.load(std::memory_order_relaxed)) {
     const Tunable kind = tunable(fn.name());
     if (kind != Tunable::kNone) f.shape = layer_norm_shape(fn, kind);
+#if HFNN_GPU_ACTIVITY
+    if (s.gpu) {
+      f.id = g_next_id.fetch_add(1, std::memory_order_relaxed);
+      f.parent = t_stack.empty() ? 0 : t_stack.back().id;
+      CuptiActivity::push(f.id);
+      f.pushed = true;
+    }
+#endif
   }
   t_stack.push_back(std::move(f));
   return nullptr;
@@ -185,6 +313,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (t_stack.empty()) return;
   Frame f = std::move(t_stack.back());
   t_stack.pop_back();
+#if HFNN_GPU_ACTIVITY
+  if (f.pushed) CuptiActivity::pop();
+#endif
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && t_backward_depth > 0) --t_backward_depth;
   const int64_t total = now_ns() - f.start_ns;
   if (!t_stack.empty()) t_stack.back().child_ns += total;
@@ -198,11 +329,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     ++t.calls;
     t.total_ns += total;
     t.self_ns += total - f.child_ns;
+    OpTotals* shape = nullptr;
     if (f.shape) {
-      OpTotals& st = s.shapes[*f.shape];
-      ++st.calls;
-      st.total_ns += total;
+      shape = &s.shapes[*f.shape];
+      ++shape->calls;
+      shape->total_ns += total;
     }
+    // std::map never moves its values: the pointers stay valid until a warm-up clears both maps
+    // and the invocations together.
+    if (f.id != 0) s.invocations[f.id] = Invocation{&t, shape, f.parent, static_cast<int>(s.step_ms.size())};
   }
   if (is_step && !s.stopped) boundary_locked(s);
 }
@@ -223,6 +358,18 @@ void start(const std::string& config_json) {
     s.part_path = std::filesystem::path(dir) / ("part-" + rank + "-" + std::to_string(::getpid()) + ".json");
   }
   s.last_boundary_ns = now_ns();
+#if HFNN_GPU_ACTIVITY
+  if (!s.meta.value("gpu", nlohmann::json()).is_null()) {
+    std::string why;
+    s.gpu = CuptiActivity::start(&why);
+    s.meta["cupti"] = s.gpu ? "on" : why;
+    if (!s.gpu)
+      std::fprintf(stderr, "hfnn profile: CUDA activity is not available (%s: another CUPTI client such as "
+                           "torch.profiler or Nsight may hold it); recording CPU times and shapes only\n", why.c_str());
+  }
+#endif
+  s.step_gpu_ms.assign(1, 0.0);
+  s.step_first_id.assign(1, g_next_id.load());
   s.recording = true;
   s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
                                        .needsInputs(true)
@@ -243,12 +390,22 @@ void stop() {
   s.stopped = true;
   s.recording = false;
   at::removeCallback(*s.handle);
+#if HFNN_GPU_ACTIVITY
+  if (s.gpu) {
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();  // the last kernels finish
+    attribute_locked(s, true);
+    CuptiActivity::stop();
+  }
+#endif
+  // step_gpu_ms has one slot past the last recorded step (the one in progress): drop it.
+  if (s.step_gpu_ms.size() > s.step_ms.size()) s.step_gpu_ms.resize(s.step_ms.size());
   write_part(s);
 }
 
 std::string snapshot() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
+  attribute_locked(s, false);
   return part_json(s).dump();
 }
 

@@ -185,11 +185,19 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
     const int64_t run_id = sqlite3_last_insert_rowid(db_);
 
     Statement rank_row(db_, "INSERT INTO ranks(run_id, rank, host, pid, steps_recorded, step_boundaries) VALUES (?, ?, ?, ?, ?, ?)");
-    Statement op_row(db_, "INSERT INTO op_stats(run_id, rank, name, phase, calls, cpu_total_us, cpu_self_us) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    Statement op_row(db_,
+                     "INSERT INTO op_stats(run_id, rank, name, phase, calls, cpu_total_us, cpu_self_us, cuda_total_us,"
+                     " cuda_self_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
     Statement shape_row(db_,
                         "INSERT INTO shape_stats(run_id, rank, op, shape, normalized_shape, dtype, affine, phase, calls,"
-                        " cpu_total_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    Statement step_row(db_, "INSERT INTO step_stats(run_id, rank, step, wall_ms) VALUES (?, ?, ?, ?)");
+                        " cpu_total_us, cuda_total_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    Statement kernel_row(db_, "INSERT INTO kernel_stats(run_id, rank, name, calls, cuda_us) VALUES (?, ?, ?, ?, ?)");
+    Statement step_row(db_, "INSERT INTO step_stats(run_id, rank, step, wall_ms, gpu_busy_ms) VALUES (?, ?, ?, ?, ?)");
+    // CUDA columns are NULL where the process had no CUDA activity (no GPU, or CUPTI held elsewhere).
+    auto bind_optional = [](Statement& st, int i, const nlohmann::json& j, const char* key) {
+      if (j.contains(key) && j[key].is_number()) st.bind(i, j[key].get<double>());
+      else st.bind_null(i);
+    };
     for (const auto& part : parts) {
       const auto& m = part["meta"];
       const int64_t rank = m.value("rank", 0);
@@ -200,6 +208,8 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
       for (const auto& o : part["ops"]) {
         op_row.bind(1, run_id).bind(2, rank).bind(3, o["name"].get<std::string>()).bind(4, o["phase"].get<std::string>());
         op_row.bind(5, o["calls"].get<int64_t>()).bind(6, o["cpu_total_us"].get<double>()).bind(7, o["cpu_self_us"].get<double>());
+        bind_optional(op_row, 8, o, "cuda_total_us");
+        bind_optional(op_row, 9, o, "cuda_self_us");
         op_row.step();
         op_row.reset();
       }
@@ -208,12 +218,23 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
         shape_row.bind(5, s["normalized_shape"].get<std::string>()).bind(6, s["dtype"].get<std::string>());
         shape_row.bind(7, int64_t{s["affine"].get<bool>()}).bind(8, s["phase"].get<std::string>());
         shape_row.bind(9, s["calls"].get<int64_t>()).bind(10, s["cpu_total_us"].get<double>());
+        bind_optional(shape_row, 11, s, "cuda_total_us");
         shape_row.step();
         shape_row.reset();
       }
+      for (const auto& k : part.value("kernels", nlohmann::json::array())) {
+        kernel_row.bind(1, run_id).bind(2, rank).bind(3, k["name"].get<std::string>()).bind(4, k["calls"].get<int64_t>());
+        kernel_row.bind(5, k["cuda_us"].get<double>());
+        kernel_row.step();
+        kernel_row.reset();
+      }
+      const auto gpu_ms = part.value("step_gpu_ms", nlohmann::json::array());
       int64_t i = 0;
       for (const auto& ms : part["step_ms"]) {
-        step_row.bind(1, run_id).bind(2, rank).bind(3, ++i).bind(4, ms.get<double>());
+        step_row.bind(1, run_id).bind(2, rank).bind(3, i + 1).bind(4, ms.get<double>());
+        if (i < static_cast<int64_t>(gpu_ms.size())) step_row.bind(5, gpu_ms[i].get<double>());
+        else step_row.bind_null(5);
+        ++i;
         step_row.step();
         step_row.reset();
       }

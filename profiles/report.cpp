@@ -11,14 +11,17 @@ namespace hfnn::profiles {
 std::string op_category(const std::string& name) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
   if (has("layer_norm")) return "layer_norm";
-  if (has("attention") || has("softmax")) return "attention";
+  if (has("log_softmax")) return "elementwise";  // a loss, not attention
+  if (has("attention") || has("softmax") || has("flash") || has("fmha")) return "attention";
   if (has("lstm") || has("rnn")) return "lstm";
   if (has("nccl") || has("c10d") || has("all_reduce") || has("allreduce") || has("all_gather") || has("broadcast"))
     return "communication";
   for (const char* g : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                         "aten::einsum", "aten::_scaled_mm", "gemm"})
     if (name == g || (name.rfind(g, 0) == 0 && name.size() == std::string(g).size())) return "gemm";
-  if (name.rfind("aten::", 0) == 0) return "elementwise";  // the remaining aten ops: pointwise, copies, reductions
+  if (has("gemm") || has("cutlass") || has("xmma") || has("cublas")) return "gemm";  // kernel names
+  if (name.rfind("aten::", 0) == 0 || has("elementwise") || has("vectorized") || has("reduce_kernel"))
+    return "elementwise";  // the remaining aten ops: pointwise, copies, reductions
   return "other";
 }
 
@@ -37,41 +40,79 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
               {"torch", run.column_text(8)}, {"hfnn", run.column_text(9)}, {"cuda", run.column_text(10)},
               {"gpu", run.column_is_null(11) ? nlohmann::json() : nlohmann::json(run.column_text(11))},
               {"compute_capability", run.column_text(12)}, {"sm_count", run.column_int(13)}};
+  bool has_cuda = false;
+  {
+    // CUDA time where some was recorded; a CPU-only script on a GPU machine is ranked by CPU time.
+    Statement c(db.handle(), "SELECT count(*) FROM op_stats WHERE run_id = ? AND cuda_self_us > 0");
+    c.bind(1, run_id);
+    c.step();
+    has_cuda = c.column_int(0) > 0;
+  }
+  r["time_basis"] = has_cuda ? "cuda" : "cpu";
   r["cuda_note"] = run.column_is_null(11)
                        ? "no CUDA device in the profiled process: CUDA columns are empty, times are CPU times"
-                       : "CUDA times are not collected yet (CUPTI comes next): times are CPU times";
+                       : has_cuda ? "CUDA times from CUPTI: a kernel's time counts for the op that launched it (self) "
+                                    "and for every op around it (total); ops are ranked by CUDA self time"
+                                  : "no CUDA time was recorded (the steps ran on the CPU, or CUPTI was held by another "
+                                    "client such as torch.profiler): times are CPU times";
 
   // Steps, per rank.
   nlohmann::json ranks = nlohmann::json::array();
   Statement steps(db.handle(),
-                  "SELECT rank, count(*), avg(wall_ms), min(wall_ms), max(wall_ms) FROM step_stats WHERE run_id = ?"
-                  " GROUP BY rank ORDER BY rank");
+                  "SELECT rank, count(*), avg(wall_ms), min(wall_ms), max(wall_ms), avg(gpu_busy_ms) FROM step_stats"
+                  " WHERE run_id = ? GROUP BY rank ORDER BY rank");
   steps.bind(1, run_id);
   while (steps.step())
     ranks.push_back({{"rank", steps.column_int(0)}, {"steps", steps.column_int(1)}, {"mean_ms", steps.column_double(2)},
-                     {"min_ms", steps.column_double(3)}, {"max_ms", steps.column_double(4)}});
+                     {"min_ms", steps.column_double(3)}, {"max_ms", steps.column_double(4)},
+                     {"gpu_busy_ms", steps.column_is_null(5) ? nlohmann::json() : nlohmann::json(steps.column_double(5))}});
   r["steps"] = ranks;
 
-  // Ops by CPU self time, summed over ranks.
-  Statement ops(db.handle(),
-                "SELECT name, phase, sum(calls), sum(cpu_self_us), sum(cpu_total_us) FROM op_stats WHERE run_id = ?"
-                " GROUP BY name, phase ORDER BY sum(cpu_self_us) DESC");
+  // Ops by self time (CUDA where recorded, else CPU), summed over ranks.
+  Statement ops(db.handle(), has_cuda
+                                 ? "SELECT name, phase, sum(calls), sum(cpu_self_us), sum(cpu_total_us), sum(cuda_self_us),"
+                                   " sum(cuda_total_us) FROM op_stats WHERE run_id = ? GROUP BY name, phase"
+                                   " ORDER BY sum(cuda_self_us) DESC, sum(cpu_self_us) DESC"
+                                 : "SELECT name, phase, sum(calls), sum(cpu_self_us), sum(cpu_total_us), NULL, NULL"
+                                   " FROM op_stats WHERE run_id = ? GROUP BY name, phase ORDER BY sum(cpu_self_us) DESC");
   ops.bind(1, run_id);
+  const char* basis = has_cuda ? "cuda_self_us" : "cpu_self_us";
   double total_self = 0;
   std::map<std::string, double> categories;
   nlohmann::json top = nlohmann::json::array();
   while (ops.step()) {
     const std::string name = ops.column_text(0);
-    const double self = ops.column_double(3);
+    const double self = has_cuda ? ops.column_double(5) : ops.column_double(3);
     total_self += self;
     categories[op_category(name)] += self;
     if (static_cast<int>(top.size()) < top_ops)
       top.push_back({{"name", name}, {"phase", ops.column_text(1)}, {"calls", ops.column_int(2)},
-                     {"cpu_self_us", self}, {"cpu_total_us", ops.column_double(4)}});
+                     {"cpu_self_us", ops.column_double(3)}, {"cpu_total_us", ops.column_double(4)},
+                     {"cuda_self_us", has_cuda ? nlohmann::json(ops.column_double(5)) : nlohmann::json()},
+                     {"cuda_total_us", has_cuda ? nlohmann::json(ops.column_double(6)) : nlohmann::json()}});
   }
-  for (auto& o : top) o["share"] = total_self > 0 ? o["cpu_self_us"].get<double>() / total_self : 0.0;
+  for (auto& o : top) o["share"] = total_self > 0 ? o[basis].get<double>() / total_self : 0.0;
   r["ops"] = top;
-  r["cpu_self_total_us"] = total_self;
+  r["self_total_us"] = total_self;
+
+  // Kernels by CUDA time.
+  nlohmann::json kernels = nlohmann::json::array();
+  Statement ks(db.handle(),
+               "SELECT name, sum(calls), sum(cuda_us) FROM kernel_stats WHERE run_id = ? GROUP BY name"
+               " ORDER BY sum(cuda_us) DESC LIMIT ?");
+  ks.bind(1, run_id).bind(2, int64_t{top_ops});
+  double kernel_total = 0;
+  {
+    Statement kt(db.handle(), "SELECT coalesce(sum(cuda_us), 0) FROM kernel_stats WHERE run_id = ?");
+    kt.bind(1, run_id);
+    kt.step();
+    kernel_total = kt.column_double(0);
+  }
+  while (ks.step())
+    kernels.push_back({{"name", ks.column_text(0)}, {"calls", ks.column_int(1)}, {"cuda_us", ks.column_double(2)},
+                       {"share", kernel_total > 0 ? ks.column_double(2) / kernel_total : 0.0},
+                       {"category", op_category(ks.column_text(0))}});
+  r["kernels"] = kernels;
   nlohmann::json cats = nlohmann::json::object();
   for (const auto& [k, v] : categories) cats[k] = total_self > 0 ? v / total_self : 0.0;
   r["categories"] = cats;
@@ -80,23 +121,27 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
   Statement shapes(db.handle(),
                    "SELECT op, shape, normalized_shape, dtype, affine,"
                    " sum(CASE WHEN phase = 'fwd' THEN calls ELSE 0 END), sum(CASE WHEN phase = 'bwd' THEN calls ELSE 0 END),"
-                   " sum(cpu_total_us) FROM shape_stats WHERE run_id = ?"
-                   " GROUP BY op, shape, normalized_shape, dtype, affine ORDER BY sum(cpu_total_us) DESC");
+                   " sum(cpu_total_us), sum(cuda_total_us) FROM shape_stats WHERE run_id = ?"
+                   " GROUP BY op, shape, normalized_shape, dtype, affine"
+                   " ORDER BY coalesce(sum(cuda_total_us), 0) DESC, sum(cpu_total_us) DESC");
   shapes.bind(1, run_id);
   nlohmann::json shape_rows = nlohmann::json::array();
   int64_t fwd_calls = 0;
   double shape_time = 0;
   while (shapes.step()) {
+    const double t = has_cuda ? shapes.column_double(8) : shapes.column_double(7);
     shape_rows.push_back({{"op", shapes.column_text(0)}, {"shape", shapes.column_text(1)},
                           {"normalized_shape", shapes.column_text(2)}, {"dtype", shapes.column_text(3)},
                           {"affine", shapes.column_int(4) != 0}, {"fwd_calls", shapes.column_int(5)},
-                          {"bwd_calls", shapes.column_int(6)}, {"cpu_total_us", shapes.column_double(7)}});
+                          {"bwd_calls", shapes.column_int(6)}, {"cpu_total_us", shapes.column_double(7)},
+                          {"cuda_total_us", has_cuda ? nlohmann::json(shapes.column_double(8)) : nlohmann::json()},
+                          {"time_us", t}});
     fwd_calls += shapes.column_int(5);
-    shape_time += shapes.column_double(7);
+    shape_time += t;
   }
   for (auto& s : shape_rows) {
     s["run_pct"] = fwd_calls > 0 ? 100.0 * s["fwd_calls"].get<int64_t>() / fwd_calls : 0.0;
-    s["time_share"] = shape_time > 0 ? s["cpu_total_us"].get<double>() / shape_time : 0.0;
+    s["time_share"] = shape_time > 0 ? s["time_us"].get<double>() / shape_time : 0.0;
   }
   r["shapes"] = shape_rows;
   return r;
@@ -117,18 +162,32 @@ std::string report_text(const nlohmann::json& r) {
     out += "  steps: none seen (no optimizer.step() or hfnn.step()): the numbers cover the whole run\n";
   } else {
     for (const auto& s : r["steps"])
-      out += fmt::format("  rank {}: {} steps recorded after {} warm-up, {:.2f} ms mean ({:.2f} to {:.2f})\n",
+      out += fmt::format("  rank {}: {} steps recorded after {} warm-up, {:.2f} ms mean ({:.2f} to {:.2f}){}\n",
                          s["rank"].get<int64_t>(), s["steps"].get<int64_t>(), run["warmup"].get<int64_t>(),
-                         s["mean_ms"].get<double>(), s["min_ms"].get<double>(), s["max_ms"].get<double>());
+                         s["mean_ms"].get<double>(), s["min_ms"].get<double>(), s["max_ms"].get<double>(),
+                         s["gpu_busy_ms"].is_null() ? std::string()
+                                                    : fmt::format(", GPU busy {:.2f} ms", s["gpu_busy_ms"].get<double>()));
   }
-  out += fmt::format("\nTop ops by CPU self time\n  {:<48} {:>5} {:>7} {:>11} {:>7} {:>12}\n", "op", "phase", "calls",
-                     "self ms", "share", "total ms");
+  const bool cuda = r["time_basis"] == "cuda";
+  const std::string self_key = cuda ? "cuda_self_us" : "cpu_self_us", total_key = cuda ? "cuda_total_us" : "cpu_total_us";
+  out += fmt::format("\nTop ops by {} self time\n  {:<48} {:>5} {:>7} {:>11} {:>7} {:>12}{}\n", cuda ? "CUDA" : "CPU", "op",
+                     "phase", "calls", "self ms", "share", "total ms", cuda ? "  CPU self ms" : "");
   for (const auto& o : r["ops"]) {
     std::string name = o["name"].get<std::string>();
     if (name.size() > 48) name = name.substr(0, 45) + "...";
-    out += fmt::format("  {:<48} {:>5} {:>7} {:>11.3f} {:>6.1f}% {:>12.3f}\n", name, o["phase"].get<std::string>(),
-                       o["calls"].get<int64_t>(), o["cpu_self_us"].get<double>() / 1e3, 100 * o["share"].get<double>(),
-                       o["cpu_total_us"].get<double>() / 1e3);
+    out += fmt::format("  {:<48} {:>5} {:>7} {:>11.3f} {:>6.1f}% {:>12.3f}{}\n", name, o["phase"].get<std::string>(),
+                       o["calls"].get<int64_t>(), o[self_key].get<double>() / 1e3, 100 * o["share"].get<double>(),
+                       o[total_key].get<double>() / 1e3,
+                       cuda ? fmt::format(" {:>12.3f}", o["cpu_self_us"].get<double>() / 1e3) : std::string());
+  }
+  if (!r["kernels"].empty()) {
+    out += fmt::format("\nTop kernels by CUDA time\n  {:<70} {:>7} {:>10} {:>7}\n", "kernel", "calls", "CUDA ms", "share");
+    for (const auto& k : r["kernels"]) {
+      std::string name = k["name"].get<std::string>();
+      if (name.size() > 70) name = name.substr(0, 67) + "...";
+      out += fmt::format("  {:<70} {:>7} {:>10.3f} {:>6.1f}%\n", name, k["calls"].get<int64_t>(),
+                         k["cuda_us"].get<double>() / 1e3, 100 * k["share"].get<double>());
+    }
   }
   out += "\nShare by category:";
   std::vector<std::pair<double, std::string>> cats;
@@ -140,13 +199,14 @@ std::string report_text(const nlohmann::json& r) {
     out += "\nNo LayerNorm ran in the recorded steps: nothing for `hfnn tune` to tune.\n";
   } else {
     out += fmt::format("\nLayerNorm input shapes (what `hfnn tune` tunes)\n  {:<22} {:<11} {:<9} {:<6} {:>9} {:>7} {:>9} {:>10} {:>6}\n",
-                       "shape", "normalized", "dtype", "affine", "fwd calls", "Run%", "bwd calls", "CPU ms", "share");
+                       "shape", "normalized", "dtype", "affine", "fwd calls", "Run%", "bwd calls",
+                       cuda ? "CUDA ms" : "CPU ms", "share");
     for (const auto& s : r["shapes"])
       out += fmt::format("  {:<22} {:<11} {:<9} {:<6} {:>9} {:>6.2f}% {:>9} {:>10.3f} {:>5.1f}%\n",
                          s["shape"].get<std::string>(), s["normalized_shape"].get<std::string>(),
                          s["dtype"].get<std::string>(), s["affine"].get<bool>() ? "yes" : "no",
                          s["fwd_calls"].get<int64_t>(), s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(),
-                         s["cpu_total_us"].get<double>() / 1e3, 100 * s["time_share"].get<double>());
+                         s["time_us"].get<double>() / 1e3, 100 * s["time_share"].get<double>());
   }
   return out;
 }

@@ -82,31 +82,47 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                      escape(k), 100 * v);
   h += "</div>\n";
 
-  h += "<h2>Top ops by CPU self time</h2>\n<table><tr><th>op</th><th>phase</th><th class=\"num\">calls</th>"
-       "<th class=\"num\">self ms</th><th>share</th><th class=\"num\">total ms</th></tr>\n";
+  const bool cuda = r["time_basis"] == "cuda";
+  const std::string self_key = cuda ? "cuda_self_us" : "cpu_self_us", total_key = cuda ? "cuda_total_us" : "cpu_total_us";
+  h += fmt::format("<h2>Top ops by {} self time</h2>\n<table><tr><th>op</th><th>phase</th><th class=\"num\">calls</th>"
+                   "<th class=\"num\">self ms</th><th>share</th><th class=\"num\">total ms</th>{}</tr>\n",
+                   cuda ? "CUDA" : "CPU", cuda ? "<th class=\"num\">CPU self ms</th>" : "");
   for (const auto& o : r["ops"]) {
     const std::string name = o["name"].get<std::string>();
     h += fmt::format("<tr><td class=\"name\" title=\"{0}\">{0}</td><td>{1}</td><td class=\"num\">{2}</td>"
-                     "<td class=\"num\">{3:.3f}</td><td>{4} {5:.1f}%</td><td class=\"num\">{6:.3f}</td></tr>\n",
+                     "<td class=\"num\">{3:.3f}</td><td>{4} {5:.1f}%</td><td class=\"num\">{6:.3f}</td>{7}</tr>\n",
                      escape(name), escape(o["phase"].get<std::string>()), o["calls"].get<int64_t>(),
-                     o["cpu_self_us"].get<double>() / 1e3, bar(o["share"].get<double>(), category_color(op_category(name))),
-                     100 * o["share"].get<double>(), o["cpu_total_us"].get<double>() / 1e3);
+                     o[self_key].get<double>() / 1e3, bar(o["share"].get<double>(), category_color(op_category(name))),
+                     100 * o["share"].get<double>(), o[total_key].get<double>() / 1e3,
+                     cuda ? fmt::format("<td class=\"num\">{:.3f}</td>", o["cpu_self_us"].get<double>() / 1e3) : std::string());
   }
   h += "</table>\n";
+  if (!r["kernels"].empty()) {
+    h += "<h2>Top kernels by CUDA time</h2>\n<table><tr><th>kernel</th><th class=\"num\">calls</th>"
+         "<th class=\"num\">CUDA ms</th><th>share</th></tr>\n";
+    for (const auto& k : r["kernels"])
+      h += fmt::format("<tr><td class=\"name\" title=\"{0}\">{0}</td><td class=\"num\">{1}</td><td class=\"num\">{2:.3f}</td>"
+                       "<td>{3} {4:.1f}%</td></tr>\n",
+                       escape(k["name"].get<std::string>()), k["calls"].get<int64_t>(), k["cuda_us"].get<double>() / 1e3,
+                       bar(k["share"].get<double>(), category_color(k["category"].get<std::string>())),
+                       100 * k["share"].get<double>());
+    h += "</table>\n";
+  }
 
   h += "<h2>LayerNorm input shapes</h2>\n";
   if (r["shapes"].empty()) {
     h += "<p>No LayerNorm ran in the recorded steps: nothing for <code>hfnn tune</code> to tune.</p>\n";
   } else {
     h += "<table><tr><th>shape</th><th>normalized</th><th>dtype</th><th>affine</th><th class=\"num\">fwd calls</th>"
-         "<th>Run%</th><th class=\"num\">bwd calls</th><th class=\"num\">CPU ms</th><th>share of LayerNorm time</th></tr>\n";
+         "<th>Run%</th><th class=\"num\">bwd calls</th><th class=\"num\">" +
+         std::string(cuda ? "CUDA" : "CPU") + " ms</th><th>share of LayerNorm time</th></tr>\n";
     for (const auto& s : r["shapes"])
       h += fmt::format("<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td><td class=\"num\">{}</td>"
                        "<td>{} {:.2f}%</td><td class=\"num\">{}</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
                        escape(s["shape"].get<std::string>()), escape(s["normalized_shape"].get<std::string>()),
                        escape(s["dtype"].get<std::string>()), s["affine"].get<bool>() ? "yes" : "no",
                        s["fwd_calls"].get<int64_t>(), bar(s["run_pct"].get<double>() / 100, "#d9480f", 160),
-                       s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(), s["cpu_total_us"].get<double>() / 1e3,
+                       s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(), s["time_us"].get<double>() / 1e3,
                        bar(s["time_share"].get<double>(), "#d9480f", 160), 100 * s["time_share"].get<double>());
     h += "</table>\n";
   }

@@ -57,7 +57,8 @@ def test_runs_accumulate_and_report_reads_them_back(tmp_path):
     import torch
 
     if torch.cuda.is_available():
-        assert data["run"]["gpu"] == torch.cuda.get_device_name() and "CUDA times" in data["cuda_note"]
+        # The script's tensors are on the CPU: no CUDA time, so CPU time ranks the ops.
+        assert data["run"]["gpu"] == torch.cuda.get_device_name() and data["time_basis"] == "cpu"
     else:
         assert data["run"]["gpu"] is None and "CUDA columns are empty" in data["cuda_note"]
     text_file = tmp_path / "report.txt"
@@ -211,3 +212,25 @@ def test_html_report_renders_in_a_real_browser_without_console_errors(tmp_path):
     png = tmp_path / "report.png"
     assert _render(page, png) == []
     assert png.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def _cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA device: the CUPTI path runs on the GPU machine")
+def test_cuda_time_lands_on_the_ops_that_launched_it(tmp_path):
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", str(SCRIPT), "6", "cuda")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    ops = {f"{n}/{p}": (s, t) for n, p, s, t in rows(db, "SELECT name, phase, cuda_self_us, cuda_total_us FROM op_stats")}
+    assert ops["aten::addmm/fwd"][0] > 0  # the GEMM kernel is the op's own
+    assert ops["aten::layer_norm/fwd"][0] == 0 < ops["aten::layer_norm/fwd"][1]  # its kernel is native_layer_norm's
+    assert ops["aten::native_layer_norm/fwd"][0] > 0
+    assert all(t >= s for s, t in ops.values())
+    assert all(t > 0 for (t,) in rows(db, "SELECT cuda_total_us FROM shape_stats"))
+    assert len(rows(db, "SELECT * FROM kernel_stats")) > 3
+    assert all(b is not None and b > 0 for (b,) in rows(db, "SELECT gpu_busy_ms FROM step_stats"))
+    assert "Top kernels by CUDA time" in out.stdout and "ranked by CUDA self time" in out.stdout

@@ -1,0 +1,40 @@
+// CUDA activity through CUPTI, for the collector: kernels, memcpy and memset with their GPU
+// start and end, and the external correlation ids the collector pushes around each op, so each
+// kernel lands on the op that launched it. One class per CUPTI concern (as Kineto does): this one
+// owns the activity buffers and turns raw records into plain structs at once.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hfnn::profiles {
+
+struct GpuRecord {
+  enum class Kind { kKernel, kMemcpy, kMemset };
+  Kind kind;
+  const char* name;  // kernels: CUPTI's name string, stable for the process; others: a fixed label
+  uint64_t start_ns, end_ns;
+  uint32_t correlation;
+};
+
+struct Correlation {
+  uint32_t correlation;
+  uint64_t external;
+};
+
+class CuptiActivity {
+ public:
+  // Enables the records; false, with the reason in `why_not`, when CUPTI refuses (no GPU, or
+  // another CUPTI client such as torch.profiler or Nsight Systems holds it).
+  static bool start(std::string* why_not);
+  // Flushes, disables and forgets. Safe to call when start() failed or twice.
+  static void stop();
+  // Around each op: kernels launched in between carry `external` as their correlation.
+  static void push(uint64_t external);
+  static void pop();
+  // Completed records so far (forced: also those of buffers not yet full). Thread-safe; never
+  // takes the caller's locks, so callers may hold their own.
+  static void drain(std::vector<GpuRecord>* records, std::vector<Correlation>* correlations, bool forced);
+};
+
+}  // namespace hfnn::profiles
