@@ -28,17 +28,17 @@ distogram head) of a fixed random chain out, trained with cross entropy and Adam
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import statistics
+import os
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run by path: the harness is beside it
+import _harness as harness  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -252,111 +252,17 @@ def make_batch(cfg: Config, seed: int, device: torch.device) -> tuple[torch.Tens
     return msa.to(device), msa[:, 0].to(device), target.to(device)
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Train a small AlphaFold-style Evoformer on fixed random data and time each step.",
-        epilog="Example: python3 examples/evoformer.py --hfnn --steps 20 --json /tmp/evoformer.json",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--hfnn", action="store_true", help="run every nn.LayerNorm through hfnn (hfnn.to_hfnn(model))")
-    p.add_argument("--steps", type=positive, default=10, help="timed training steps")
-    p.add_argument("--warmup", type=non_negative, default=3, help="untimed steps before the timed ones")
-    p.add_argument("--blocks", type=positive, default=2, help="Evoformer blocks")
-    p.add_argument("--size", choices=["full", "small", "auto"], default="auto",
-                   help="full: n_seq=128 n_res=256 c_m=256 c_z=128; small: n_seq=16 n_res=32 c_m=64 c_z=32; "
-                        "auto: full on CUDA, small on CPU")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="bfloat16 runs under torch.autocast, CUDA only")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
-    p.add_argument("--seed", type=int, default=0, help="seeds the parameters and the data")
-    p.add_argument("--json", metavar="PATH", help="also write the step times and losses to this JSON file")
-    return p.parse_args()
-
-
-def fail(message: str) -> None:
-    print(f"evoformer.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def main() -> None:
-    args = parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda, but CUDA is not available to this torch")
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
-    if args.dtype == "bfloat16" and device.type != "cuda":
-        fail("--dtype bfloat16 needs CUDA; on the CPU use --dtype float32")
-    size = args.size if args.size != "auto" else ("full" if device.type == "cuda" else "small")
+    args, device, size = harness.start(
+        __file__, "Train a small AlphaFold-style Evoformer on fixed random data and time each step.",
+        size_help="full: n_seq=128 n_res=256 c_m=256 c_z=128; small: n_seq=16 n_res=32 c_m=64 c_z=32",
+        options=lambda p: p.add_argument("--blocks", type=harness.positive, default=2, help="Evoformer blocks"))
     cfg = SIZES[size]
-
-    torch.manual_seed(args.seed)
-    model = Evoformer(cfg, args.blocks).to(device)
-    if args.hfnn:
-        import hfnn  # only with --hfnn: without it this is a plain PyTorch script
-        model = hfnn.to_hfnn(model)
-        if device.type != "cuda":
-            kernels = "torch's kernels on the CPU"
-        elif not hfnn.build_info().get("cuda_kernels"):
-            kernels = "torch's kernels: " + (hfnn.ops_error() or "this hfnn build has no CUDA kernels")
-        else:
-            kernels = "hfnn's CUDA kernels"
-        hfnn_note = f"on, {sum(isinstance(x, hfnn.nn.LayerNorm) for x in model.modules())} LayerNorms, {kernels}"
-    else:
-        hfnn_note = "off"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, hfnn_note = harness.apply_hfnn(Evoformer(cfg, args.blocks).to(device), args.hfnn, device)
     msa, seq, target = make_batch(cfg, args.seed, device)
-
-    params = sum(p.numel() for p in model.parameters())
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
-          f"size {size} {asdict(cfg)}, blocks {args.blocks}, {params / 1e6:.2f}M parameters, dtype {args.dtype}, "
-          f"hfnn {hfnn_note}")
-
-    def sync() -> None:  # CUDA runs asynchronously: wait for the step before reading the clock
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    step_ms, losses = [], []
-    for step in range(args.warmup + args.steps):
-        sync()
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
-            logits = model(msa, seq)
-        loss = F.cross_entropy(logits.float().flatten(0, 2), target.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        ms = (time.perf_counter() - start) * 1e3
-        value = loss.item()
-        timed = step >= args.warmup
-        if timed:
-            step_ms.append(ms)
-            losses.append(value)
-        label = f"step {step - args.warmup + 1}/{args.steps}" if timed else f"warmup {step + 1}/{args.warmup}"
-        print(f"{label:>14}  loss {value:.4f}  {ms:9.2f} ms")
-
-    median = statistics.median(step_ms)
-    print(f"median step {median:.2f} ms over {args.steps} steps ({device.type}, {size}, {args.dtype}, "
-          f"hfnn {'on' if args.hfnn else 'off'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "step_ms": step_ms, "median_step_ms": median, "loss": losses,
-                       "device": str(device), "size": size, "hfnn": args.hfnn}, f, indent=2)
+    harness.print_header(device, size, cfg, f"blocks {args.blocks}", model, args.dtype, hfnn_note)
+    harness.train(model, args, device, size, lambda: model(msa, seq),
+                  lambda logits: F.cross_entropy(logits.float().flatten(0, 2), target.flatten()))
 
 
 if __name__ == "__main__":

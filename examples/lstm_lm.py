@@ -20,16 +20,17 @@ memorizes it, which is all a timing run needs.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
+import os
 import sys
-import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run by path: the harness is beside it
+import _harness as harness  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,110 +67,25 @@ def make_batch(cfg: Config, seed: int, device: torch.device) -> tuple[torch.Tens
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Train a small LSTM language model on fixed random tokens and time each step.",
-        epilog="Example: python3 examples/lstm_lm.py --hfnn --steps 20 --json /tmp/lstm_lm.json",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--hfnn", action="store_true",
-                   help="apply hfnn.to_hfnn(model) (no LSTM kernels yet: the model is unchanged)")
-    p.add_argument("--steps", type=positive, default=10, help="timed training steps")
-    p.add_argument("--warmup", type=non_negative, default=3, help="untimed steps before the timed ones")
-    p.add_argument("--layers", type=positive, default=1, help="stacked LSTM layers")
-    p.add_argument("--size", choices=["full", "small", "auto"], default="auto",
-                   help="full: input 985 hidden 985 batch 4 seq 1000; small: input 64 hidden 64 batch 4 seq 32; "
-                        "auto: full on CUDA, small on CPU")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="bfloat16 runs under torch.autocast, CUDA only")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
-    p.add_argument("--seed", type=int, default=0, help="seeds the parameters and the data")
-    p.add_argument("--json", metavar="PATH", help="also write the step times and losses to this JSON file")
-    return p.parse_args()
-
-
-def fail(message: str) -> None:
-    print(f"lstm_lm.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
+def swapped_note(hfnn: Any, model: nn.Module, device: torch.device) -> str:
+    # to_hfnn swaps LayerNorms only so far; say so rather than imply the LSTM runs hfnn's code.
+    swapped = sum(type(x).__module__.startswith("hfnn") for x in model.modules())
+    return f"{swapped} modules swapped (hfnn has no LSTM kernels yet)"
 
 
 def main() -> None:
-    args = parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda, but CUDA is not available to this torch")
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
-    if args.dtype == "bfloat16" and device.type != "cuda":
-        fail("--dtype bfloat16 needs CUDA; on the CPU use --dtype float32")
-    size = args.size if args.size != "auto" else ("full" if device.type == "cuda" else "small")
+    args, device, size = harness.start(
+        __file__, "Train a small LSTM language model on fixed random tokens and time each step.",
+        size_help="full: input 985 hidden 985 batch 4 seq 1000; small: input 64 hidden 64 batch 4 seq 32",
+        options=lambda p: p.add_argument("--layers", type=harness.positive, default=1, help="stacked LSTM layers"),
+        hfnn_help="apply hfnn.to_hfnn(model) (no LSTM kernels yet: the model is unchanged)")
     cfg = SIZES[size]
-
-    torch.manual_seed(args.seed)
-    model = LSTMLM(cfg, args.layers).to(device)
-    if args.hfnn:
-        import hfnn  # only with --hfnn: without it this is a plain PyTorch script
-        model = hfnn.to_hfnn(model)
-        # to_hfnn swaps LayerNorms only so far; say so rather than imply the LSTM runs hfnn's code.
-        swapped = sum(type(x).__module__.startswith("hfnn") for x in model.modules())
-        hfnn_note = f"on, {swapped} modules swapped (hfnn has no LSTM kernels yet)"
-    else:
-        hfnn_note = "off"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, hfnn_note = harness.apply_hfnn(LSTMLM(cfg, args.layers).to(device), args.hfnn, device, swapped_note)
     tokens, target = make_batch(cfg, args.seed, device)
-
-    params = sum(p.numel() for p in model.parameters())
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
-          f"size {size} {asdict(cfg)}, layers {args.layers}, {params / 1e6:.2f}M parameters, dtype {args.dtype}, "
-          f"hfnn {hfnn_note}")
-
-    def sync() -> None:  # CUDA runs asynchronously: wait for the step before reading the clock
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    step_ms, losses = [], []
-    for step in range(args.warmup + args.steps):
-        sync()
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
-            logits = model(tokens)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        ms = (time.perf_counter() - start) * 1e3
-        value = loss.item()
-        timed = step >= args.warmup
-        if timed:
-            step_ms.append(ms)
-            losses.append(value)
-        label = f"step {step - args.warmup + 1}/{args.steps}" if timed else f"warmup {step + 1}/{args.warmup}"
-        print(f"{label:>14}  loss {value:.4f}  {ms:9.2f} ms")
-
-    median = statistics.median(step_ms)
-    print(f"median step {median:.2f} ms over {args.steps} steps ({device.type}, {size}, {args.dtype}, "
-          f"hfnn {'on' if args.hfnn else 'off'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "step_ms": step_ms, "median_step_ms": median, "loss": losses,
-                       "device": str(device), "size": size, "hfnn": args.hfnn,
-                       "model": "lstm_lm", "dtype": args.dtype, "layers": args.layers, "shape": asdict(cfg)},
-                      f, indent=2)
+    harness.print_header(device, size, cfg, f"layers {args.layers}", model, args.dtype, hfnn_note)
+    harness.train(model, args, device, size, lambda: model(tokens),
+                  lambda logits: F.cross_entropy(logits.float().flatten(0, 1), target.flatten()),
+                  {"model": "lstm_lm", "dtype": args.dtype, "layers": args.layers, "shape": asdict(cfg)})
 
 
 if __name__ == "__main__":
