@@ -220,8 +220,22 @@ int run_profile(const ProfileOptions& o) {
       fmt::print("hfnn profile: run {} added to {}\n", run, o.db);
     } else if (o.report == "html") {
       const auto page = fs::path(o.db).replace_extension("").string() + "-run" + std::to_string(run) + ".html";
-      std::ofstream(page) << profiles::report_html(profiles::report_json(db, run));
-      fmt::print("\nhfnn profile: run {} added to {}; report: {}\n", run, o.db, page);
+      const std::string tmp = page + ".tmp";  // written whole, then renamed: never half a page
+      bool written = false;
+      {
+        std::ofstream out(tmp);
+        out << profiles::report_html(profiles::report_json(db, run));
+        written = static_cast<bool>(out);
+      }
+      std::error_code ec;
+      if (written) fs::rename(tmp, page, ec);
+      if (!written || ec) {
+        fs::remove(tmp, ec);
+        fmt::print(stderr, "hfnn profile: run {} added to {}, but {} could not be written (check the folder); "
+                   "`hfnn report --format html -o FILE` writes it elsewhere\n", run, o.db, page);
+      } else {
+        fmt::print("\nhfnn profile: run {} added to {}; report: {}\n", run, o.db, page);
+      }
     } else {
       const auto report = profiles::report_json(db, run);
       fmt::print("\n{}", o.report == "json" ? report.dump(2) + "\n" : profiles::report_text(report));
