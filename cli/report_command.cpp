@@ -14,10 +14,11 @@ void setup_report(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<ReportOptions>();
   auto* sub = app.add_subcommand("report", "Show a profile run from the database (by default the newest):\n"
                                            "  hfnn report                          text in the terminal\n"
-                                           "  hfnn report --format html -o run.html   one self-contained page for a browser");
+                                           "  hfnn report --format html -o run.html   one self-contained page for a browser\n"
+                                           "  hfnn report --format json|csv           the same for scripts");
   sub->add_option("--db", o->db, "Database written by `hfnn profile`")->capture_default_str();
   sub->add_option("--run", o->run, "Run id (0: the newest)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--format", o->format, "Output format")->capture_default_str()->check(CLI::IsMember({"text", "json", "html"}));
+  sub->add_option("--format", o->format, "Output format")->capture_default_str()->check(CLI::IsMember({"text", "json", "csv", "html"}));
   sub->add_option("-o,--output", o->output, "Write to this file instead of the terminal");
   sub->callback([o, &exit_code]() { exit_code = run_report(*o); });
 }
@@ -31,6 +32,7 @@ int run_report(const ReportOptions& o) {
     }
     const auto report = profiles::report_json(db, o.run);
     const std::string text = o.format == "json"   ? report.dump(2) + "\n"
+                             : o.format == "csv"  ? profiles::report_csv(report)
                              : o.format == "html" ? profiles::report_html(report)
                                                   : profiles::report_text(report);
     if (o.output.empty()) {

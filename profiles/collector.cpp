@@ -1,6 +1,7 @@
 #include "profiles/collector.h"
 
 #include <ATen/record_function.h>
+#include <fmt/format.h>
 #include <torch/library.h>
 #include <unistd.h>
 
@@ -39,11 +40,13 @@ int64_t now_ns() {
 // The ops whose input shapes are recorded: what hfnn accelerates. aten::layer_norm is what
 // torch.nn.LayerNorm and F.layer_norm call (native_layer_norm runs inside it and is not counted
 // again); its backward is native_layer_norm_backward.
-enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd };
+// nn.LSTM calls aten::lstm (its backward is not linked to it here: forward calls and time only).
+enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm };
 
 Tunable tunable(std::string_view name) {
   if (name == "aten::layer_norm" || name == "hfnn::layer_norm") return Tunable::kLayerNormFwd;
   if (name == "aten::native_layer_norm_backward" || name == "hfnn::layer_norm_bwd") return Tunable::kLayerNormBwd;
+  if (name == "aten::lstm") return Tunable::kLstm;
   return Tunable::kNone;
 }
 
@@ -71,7 +74,8 @@ std::string dtype_name(c10::ScalarType t) {
 struct ShapeKey {
   std::string op, shape, normalized, dtype, phase;
   bool affine = false;
-  auto tie() const { return std::tie(op, shape, normalized, dtype, phase, affine); }
+  std::string flags;  // the op's other settings that pick a kernel, "key=value,..."
+  auto tie() const { return std::tie(op, shape, normalized, dtype, phase, affine, flags); }
   bool operator<(const ShapeKey& o) const { return tie() < o.tie(); }
 };
 
@@ -91,6 +95,28 @@ std::optional<ShapeKey> layer_norm_shape(const at::RecordFunction& fn, Tunable k
   key.dtype = dtype_name(x.scalar_type());
   key.affine = inputs[weight_at].isTensor() && inputs[weight_at].toTensor().defined();
   key.phase = kind == Tunable::kLayerNormFwd ? "fwd" : "bwd";
+  return key;
+}
+
+// aten::lstm.input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+// batch_first); the packed-sequence overload (data, batch_sizes, ...) is recorded without flags.
+std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
+  const auto inputs = fn.inputs();
+  if (inputs.size() < 9 || !inputs[0].isTensor()) return std::nullopt;
+  const at::Tensor& x = inputs[0].toTensor();
+  ShapeKey key;
+  key.op = "lstm";
+  key.shape = sizes_string(x.sizes());
+  key.dtype = dtype_name(x.scalar_type());
+  key.phase = "fwd";
+  if (inputs[1].isTensorList()) {
+    const auto hx = inputs[1].toTensorList();
+    const int64_t hidden = hx.size() > 0 ? hx.get(0).size(-1) : -1;
+    key.flags = fmt::format("input={},hidden={},layers={},bidirectional={},batch_first={},bias={}", x.size(-1), hidden,
+                            inputs[4].toInt(), int(inputs[7].toBool()), int(inputs[8].toBool()), int(inputs[3].toBool()));
+  } else {
+    key.flags = "packed";
+  }
   return key;
 }
 
@@ -168,8 +194,8 @@ nlohmann::json part_json(const State& s) {
   }
   for (const auto& [key, t] : s.shapes) {
     nlohmann::json o = {{"op", key.op}, {"shape", key.shape}, {"normalized_shape", key.normalized},
-                        {"dtype", key.dtype}, {"affine", key.affine}, {"phase", key.phase}, {"calls", t.calls},
-                        {"cpu_total_us", t.total_ns / 1e3}};
+                        {"dtype", key.dtype}, {"affine", key.affine}, {"flags", key.flags}, {"phase", key.phase},
+                        {"calls", t.calls}, {"cpu_total_us", t.total_ns / 1e3}};
     if (s.gpu) o["cuda_total_us"] = t.cuda_total_ns / 1e3;
     shapes.push_back(o);
   }
@@ -295,7 +321,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   State& s = state();
   if (s.recording.load(std::memory_order_relaxed)) {
     const Tunable kind = tunable(fn.name());
-    if (kind != Tunable::kNone) f.shape = layer_norm_shape(fn, kind);
+    if (kind == Tunable::kLstm) f.shape = lstm_shape(fn);
+    else if (kind != Tunable::kNone) f.shape = layer_norm_shape(fn, kind);
 #if HFNN_GPU_ACTIVITY
     if (s.gpu) {
       f.id = g_next_id.fetch_add(1, std::memory_order_relaxed);

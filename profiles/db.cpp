@@ -41,6 +41,10 @@ CREATE INDEX op_stats_run ON op_stats(run_id);
 CREATE INDEX shape_stats_run ON shape_stats(run_id);
 CREATE INDEX step_stats_run ON step_stats(run_id);
 )sql",
+    // 1 -> 2: the settings of shapes other than LayerNorm's (LSTM: hidden size, layers, ...).
+    R"sql(
+ALTER TABLE shape_stats ADD COLUMN flags TEXT NOT NULL DEFAULT '';
+)sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
@@ -190,7 +194,7 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
                      " cuda_self_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
     Statement shape_row(db_,
                         "INSERT INTO shape_stats(run_id, rank, op, shape, normalized_shape, dtype, affine, phase, calls,"
-                        " cpu_total_us, cuda_total_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                        " cpu_total_us, cuda_total_us, flags) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     Statement kernel_row(db_, "INSERT INTO kernel_stats(run_id, rank, name, calls, cuda_us) VALUES (?, ?, ?, ?, ?)");
     Statement step_row(db_, "INSERT INTO step_stats(run_id, rank, step, wall_ms, gpu_busy_ms) VALUES (?, ?, ?, ?, ?)");
     // CUDA columns are NULL where the process had no CUDA activity (no GPU, or CUPTI held elsewhere).
@@ -219,6 +223,7 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
         shape_row.bind(7, int64_t{s["affine"].get<bool>()}).bind(8, s["phase"].get<std::string>());
         shape_row.bind(9, s["calls"].get<int64_t>()).bind(10, s["cpu_total_us"].get<double>());
         bind_optional(shape_row, 11, s, "cuda_total_us");
+        shape_row.bind(12, s.value("flags", std::string()));
         shape_row.step();
         shape_row.reset();
       }

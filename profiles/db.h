@@ -15,7 +15,7 @@
 
 namespace hfnn::profiles {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;
 
 // One line, naming the file and what would fix it.
 struct DbError : std::runtime_error {

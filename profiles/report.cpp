@@ -121,13 +121,13 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
   Statement shapes(db.handle(),
                    "SELECT op, shape, normalized_shape, dtype, affine,"
                    " sum(CASE WHEN phase = 'fwd' THEN calls ELSE 0 END), sum(CASE WHEN phase = 'bwd' THEN calls ELSE 0 END),"
-                   " sum(cpu_total_us), sum(cuda_total_us) FROM shape_stats WHERE run_id = ?"
-                   " GROUP BY op, shape, normalized_shape, dtype, affine"
-                   " ORDER BY coalesce(sum(cuda_total_us), 0) DESC, sum(cpu_total_us) DESC");
+                   " sum(cpu_total_us), sum(cuda_total_us), flags FROM shape_stats WHERE run_id = ?"
+                   " GROUP BY op, shape, normalized_shape, dtype, affine, flags"
+                   " ORDER BY op DESC, coalesce(sum(cuda_total_us), 0) DESC, sum(cpu_total_us) DESC");
   shapes.bind(1, run_id);
   nlohmann::json shape_rows = nlohmann::json::array();
-  int64_t fwd_calls = 0;
-  double shape_time = 0;
+  std::map<std::string, int64_t> fwd_calls;  // per op: Run% and shares are within an op
+  std::map<std::string, double> shape_time;
   while (shapes.step()) {
     const double t = has_cuda ? shapes.column_double(8) : shapes.column_double(7);
     shape_rows.push_back({{"op", shapes.column_text(0)}, {"shape", shapes.column_text(1)},
@@ -135,13 +135,14 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
                           {"affine", shapes.column_int(4) != 0}, {"fwd_calls", shapes.column_int(5)},
                           {"bwd_calls", shapes.column_int(6)}, {"cpu_total_us", shapes.column_double(7)},
                           {"cuda_total_us", has_cuda ? nlohmann::json(shapes.column_double(8)) : nlohmann::json()},
-                          {"time_us", t}});
-    fwd_calls += shapes.column_int(5);
-    shape_time += t;
+                          {"time_us", t}, {"flags", shapes.column_text(9)}});
+    fwd_calls[shapes.column_text(0)] += shapes.column_int(5);
+    shape_time[shapes.column_text(0)] += t;
   }
   for (auto& s : shape_rows) {
-    s["run_pct"] = fwd_calls > 0 ? 100.0 * s["fwd_calls"].get<int64_t>() / fwd_calls : 0.0;
-    s["time_share"] = shape_time > 0 ? s["time_us"].get<double>() / shape_time : 0.0;
+    const std::string op = s["op"].get<std::string>();
+    s["run_pct"] = fwd_calls[op] > 0 ? 100.0 * s["fwd_calls"].get<int64_t>() / fwd_calls[op] : 0.0;
+    s["time_share"] = shape_time[op] > 0 ? s["time_us"].get<double>() / shape_time[op] : 0.0;
   }
   r["shapes"] = shape_rows;
   return r;
@@ -195,19 +196,80 @@ std::string report_text(const nlohmann::json& r) {
   std::sort(cats.rbegin(), cats.rend());
   for (const auto& [v, k] : cats) out += fmt::format("  {} {:.1f}%", k, 100 * v);
   out += "\n";
-  if (r["shapes"].empty()) {
+  bool any_layer_norm = false, any_lstm = false;
+  for (const auto& s : r["shapes"]) (s["op"] == "lstm" ? any_lstm : any_layer_norm) = true;
+  if (!any_layer_norm) {
     out += "\nNo LayerNorm ran in the recorded steps: nothing for `hfnn tune` to tune.\n";
   } else {
     out += fmt::format("\nLayerNorm input shapes (what `hfnn tune` tunes)\n  {:<22} {:<11} {:<9} {:<6} {:>9} {:>7} {:>9} {:>10} {:>6}\n",
                        "shape", "normalized", "dtype", "affine", "fwd calls", "Run%", "bwd calls",
                        cuda ? "CUDA ms" : "CPU ms", "share");
     for (const auto& s : r["shapes"])
-      out += fmt::format("  {:<22} {:<11} {:<9} {:<6} {:>9} {:>6.2f}% {:>9} {:>10.3f} {:>5.1f}%\n",
-                         s["shape"].get<std::string>(), s["normalized_shape"].get<std::string>(),
-                         s["dtype"].get<std::string>(), s["affine"].get<bool>() ? "yes" : "no",
-                         s["fwd_calls"].get<int64_t>(), s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(),
-                         s["time_us"].get<double>() / 1e3, 100 * s["time_share"].get<double>());
+      if (s["op"] == "layer_norm")
+        out += fmt::format("  {:<22} {:<11} {:<9} {:<6} {:>9} {:>6.2f}% {:>9} {:>10.3f} {:>5.1f}%\n",
+                           s["shape"].get<std::string>(), s["normalized_shape"].get<std::string>(),
+                           s["dtype"].get<std::string>(), s["affine"].get<bool>() ? "yes" : "no",
+                           s["fwd_calls"].get<int64_t>(), s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(),
+                           s["time_us"].get<double>() / 1e3, 100 * s["time_share"].get<double>());
   }
+  if (any_lstm) {
+    out += fmt::format("\nLSTM input shapes (forward calls)\n  {:<18} {:<9} {:<62} {:>6} {:>7} {:>10} {:>6}\n", "input",
+                       "dtype", "settings", "calls", "Run%", cuda ? "CUDA ms" : "CPU ms", "share");
+    for (const auto& s : r["shapes"])
+      if (s["op"] == "lstm")
+        out += fmt::format("  {:<18} {:<9} {:<62} {:>6} {:>6.2f}% {:>10.3f} {:>5.1f}%\n", s["shape"].get<std::string>(),
+                           s["dtype"].get<std::string>(), s["flags"].get<std::string>(), s["fwd_calls"].get<int64_t>(),
+                           s["run_pct"].get<double>(), s["time_us"].get<double>() / 1e3,
+                           100 * s["time_share"].get<double>());
+  }
+  return out;
+}
+
+namespace {
+
+// RFC 4180: a field with a comma, quote or newline is quoted, quotes doubled.
+std::string csv_field(const nlohmann::json& v) {
+  std::string s;
+  if (v.is_null()) return s;
+  if (v.is_string()) s = v.get<std::string>();
+  else if (v.is_boolean()) s = v.get<bool>() ? "1" : "0";
+  else s = v.dump();
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+}  // namespace
+
+std::string report_csv(const nlohmann::json& r) {
+  static const char* kColumns[] = {"section", "name",     "phase",      "calls",           "cpu_self_us",
+                                   "cpu_total_us", "cuda_self_us", "cuda_total_us", "share", "shape",
+                                   "normalized_shape", "dtype", "affine", "flags", "run_pct",
+                                   "rank", "steps", "mean_ms", "gpu_busy_ms"};
+  std::string out;
+  for (const char* c : kColumns) out += std::string(out.empty() ? "" : ",") + c;
+  out += "\n";
+  auto row = [&](const char* section, const nlohmann::json& values) {
+    std::string line = section;
+    for (size_t i = 1; i < std::size(kColumns); ++i)
+      line += "," + (values.contains(kColumns[i]) ? csv_field(values[kColumns[i]]) : std::string());
+    out += line + "\n";
+  };
+  for (const auto& o : r["ops"]) row("op", o);
+  for (const auto& k : r["kernels"]) {
+    nlohmann::json v = k;
+    v["cuda_self_us"] = k["cuda_us"];
+    row("kernel", v);
+  }
+  for (const auto& s : r["shapes"]) {
+    nlohmann::json v = s;
+    v["name"] = s["op"];
+    v["calls"] = s["fwd_calls"];
+    v["share"] = s["time_share"];
+    row("shape", v);
+  }
+  for (const auto& s : r["steps"]) row("steps", s);
   return out;
 }
 

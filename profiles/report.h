@@ -16,6 +16,9 @@ std::string op_category(const std::string& op_name);
 nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15);
 // The same as text for a terminal.
 std::string report_text(const nlohmann::json& report);
+// The same as one CSV table for scripts: a row per op, kernel, shape and rank's steps, the
+// `section` column saying which, empty cells where a column does not apply.
+std::string report_csv(const nlohmann::json& report);
 // The same as one self-contained HTML page (inline CSS and SVG; no script, no network).
 std::string report_html(const nlohmann::json& report);
 

@@ -109,21 +109,38 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
     h += "</table>\n";
   }
 
+  bool any_layer_norm = false, any_lstm = false;
+  for (const auto& s : r["shapes"]) (s["op"] == "lstm" ? any_lstm : any_layer_norm) = true;
   h += "<h2>LayerNorm input shapes</h2>\n";
-  if (r["shapes"].empty()) {
+  if (!any_layer_norm) {
     h += "<p>No LayerNorm ran in the recorded steps: nothing for <code>hfnn tune</code> to tune.</p>\n";
   } else {
     h += "<table><tr><th>shape</th><th>normalized</th><th>dtype</th><th>affine</th><th class=\"num\">fwd calls</th>"
          "<th>Run%</th><th class=\"num\">bwd calls</th><th class=\"num\">" +
          std::string(cuda ? "CUDA" : "CPU") + " ms</th><th>share of LayerNorm time</th></tr>\n";
     for (const auto& s : r["shapes"])
-      h += fmt::format("<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td><td class=\"num\">{}</td>"
-                       "<td>{} {:.2f}%</td><td class=\"num\">{}</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
-                       escape(s["shape"].get<std::string>()), escape(s["normalized_shape"].get<std::string>()),
-                       escape(s["dtype"].get<std::string>()), s["affine"].get<bool>() ? "yes" : "no",
-                       s["fwd_calls"].get<int64_t>(), bar(s["run_pct"].get<double>() / 100, "#d9480f", 160),
-                       s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(), s["time_us"].get<double>() / 1e3,
-                       bar(s["time_share"].get<double>(), "#d9480f", 160), 100 * s["time_share"].get<double>());
+      if (s["op"] == "layer_norm")
+        h += fmt::format("<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td><td class=\"num\">{}</td>"
+                         "<td>{} {:.2f}%</td><td class=\"num\">{}</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
+                         escape(s["shape"].get<std::string>()), escape(s["normalized_shape"].get<std::string>()),
+                         escape(s["dtype"].get<std::string>()), s["affine"].get<bool>() ? "yes" : "no",
+                         s["fwd_calls"].get<int64_t>(), bar(s["run_pct"].get<double>() / 100, "#d9480f", 160),
+                         s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(), s["time_us"].get<double>() / 1e3,
+                         bar(s["time_share"].get<double>(), "#d9480f", 160), 100 * s["time_share"].get<double>());
+    h += "</table>\n";
+  }
+  if (any_lstm) {
+    h += "<h2>LSTM input shapes</h2>\n<table><tr><th>input</th><th>dtype</th><th>settings</th><th class=\"num\">calls</th>"
+         "<th>Run%</th><th class=\"num\">" + std::string(cuda ? "CUDA" : "CPU") + " ms</th><th>share of LSTM time</th></tr>\n";
+    for (const auto& s : r["shapes"])
+      if (s["op"] == "lstm")
+        h += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td><code>{}</code></td><td class=\"num\">{}</td>"
+                         "<td>{} {:.2f}%</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
+                         escape(s["shape"].get<std::string>()), escape(s["dtype"].get<std::string>()),
+                         escape(s["flags"].get<std::string>()), s["fwd_calls"].get<int64_t>(),
+                         bar(s["run_pct"].get<double>() / 100, "#0b7285", 160), s["run_pct"].get<double>(),
+                         s["time_us"].get<double>() / 1e3, bar(s["time_share"].get<double>(), "#0b7285", 160),
+                         100 * s["time_share"].get<double>());
     h += "</table>\n";
   }
 

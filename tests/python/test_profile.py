@@ -234,3 +234,46 @@ def test_cuda_time_lands_on_the_ops_that_launched_it(tmp_path):
     assert len(rows(db, "SELECT * FROM kernel_stats")) > 3
     assert all(b is not None and b > 0 for (b,) in rows(db, "SELECT gpu_busy_ms FROM step_stats"))
     assert "Top kernels by CUDA time" in out.stdout and "ranked by CUDA self time" in out.stdout
+
+
+LSTM_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lstm_lm.py"
+
+
+def test_lstm_shapes_are_recorded_with_their_settings(tmp_path):
+    out = profile(tmp_path, "--warmup", "1", "--steps", "2", str(LSTM_EXAMPLE), "--steps", "3", "--warmup", "1",
+                  "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "LSTM input shapes" in out.stdout
+    ((shape, dtype, flags, calls),) = rows(tmp_path / "shapes.db",
+                                           "SELECT shape, dtype, flags, calls FROM shape_stats WHERE op = 'lstm'")
+    assert (shape, dtype, calls) == ("[4,32,64]", "float32", 2)
+    assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1"
+
+
+def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
+    assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
+    db = tmp_path / "shapes.db"
+    with sqlite3.connect(db) as con:  # back to schema 1: no flags column
+        con.execute("ALTER TABLE shape_stats DROP COLUMN flags")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
+    assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
+    assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
+
+
+def test_csv_report_has_the_same_content_as_json(tmp_path):
+    import csv
+    import io
+
+    assert profile(tmp_path, "-q", str(SCRIPT), "4").returncode == 0
+    db = str(tmp_path / "shapes.db")
+    as_json = json.loads(subprocess.run([HFNN, "report", "--db", db, "--format", "json"], capture_output=True, text=True).stdout)
+    as_csv = list(csv.DictReader(io.StringIO(
+        subprocess.run([HFNN, "report", "--db", db, "--format", "csv"], capture_output=True, text=True).stdout)))
+    ops = [r for r in as_csv if r["section"] == "op"]
+    assert [r["name"] for r in ops] == [o["name"] for o in as_json["ops"]]
+    assert float(ops[0]["cpu_self_us"]) == pytest.approx(as_json["ops"][0]["cpu_self_us"])
+    shapes = [r for r in as_csv if r["section"] == "shape"]
+    assert [(r["shape"], r["affine"]) for r in shapes] == [(s["shape"], "1" if s["affine"] else "0") for s in as_json["shapes"]]
+    assert [int(r["steps"]) for r in as_csv if r["section"] == "steps"] == [s["steps"] for s in as_json["steps"]]
