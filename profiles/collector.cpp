@@ -41,12 +41,16 @@ int64_t now_ns() {
 // torch.nn.LayerNorm and F.layer_norm call (native_layer_norm runs inside it and is not counted
 // again); its backward is native_layer_norm_backward.
 // nn.LSTM calls aten::lstm (its backward is not linked to it here: forward calls and time only).
-enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm };
+// nn.MultiheadAttention is no single op: the start-up hook wraps its forward in a record_function
+// scope named "hfnn.shape|<op>|<shape>|<dtype>|<settings>" (kScope).
+enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope };
+constexpr std::string_view kShapeScope = "hfnn.shape|";
 
 Tunable tunable(std::string_view name) {
   if (name == "aten::layer_norm" || name == "hfnn::layer_norm") return Tunable::kLayerNormFwd;
   if (name == "aten::native_layer_norm_backward" || name == "hfnn::layer_norm_bwd") return Tunable::kLayerNormBwd;
   if (name == "aten::lstm") return Tunable::kLstm;
+  if (name.rfind(kShapeScope, 0) == 0) return Tunable::kScope;
   return Tunable::kNone;
 }
 
@@ -117,6 +121,25 @@ std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
   } else {
     key.flags = "packed";
   }
+  return key;
+}
+
+// "hfnn.shape|op|shape|dtype|settings" -> the shape record, forward.
+std::optional<ShapeKey> scope_shape(std::string_view name) {
+  name.remove_prefix(kShapeScope.size());
+  std::string_view parts[4];
+  for (int i = 0; i < 4; ++i) {
+    const size_t bar = i < 3 ? name.find('|') : std::string_view::npos;
+    if (i < 3 && bar == std::string_view::npos) return std::nullopt;
+    parts[i] = name.substr(0, bar);
+    if (i < 3) name.remove_prefix(bar + 1);
+  }
+  ShapeKey key;
+  key.op = std::string(parts[0]);
+  key.shape = std::string(parts[1]);
+  key.dtype = std::string(parts[2]);
+  key.flags = std::string(parts[3]);
+  key.phase = "fwd";
   return key;
 }
 
@@ -322,6 +345,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (s.recording.load(std::memory_order_relaxed)) {
     const Tunable kind = tunable(fn.name());
     if (kind == Tunable::kLstm) f.shape = lstm_shape(fn);
+    else if (kind == Tunable::kScope) f.shape = scope_shape(fn.name());
     else if (kind != Tunable::kNone) f.shape = layer_norm_shape(fn, kind);
 #if HFNN_GPU_ACTIVITY
     if (s.gpu) {
@@ -352,7 +376,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (!s.recording.load(std::memory_order_relaxed) && !is_step) return;
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.recording) {
-    OpTotals& t = s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
+    // A shape scope is a label around a module call, not an op: its time shows in its shape row.
+    static OpTotals scope_sink;
+    const bool scope = name.rfind(kShapeScope, 0) == 0;
+    OpTotals& t = scope ? scope_sink : s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
     ++t.calls;
     t.total_ns += total;
     t.self_ns += total - f.child_ns;

@@ -196,8 +196,8 @@ std::string report_text(const nlohmann::json& r) {
   std::sort(cats.rbegin(), cats.rend());
   for (const auto& [v, k] : cats) out += fmt::format("  {} {:.1f}%", k, 100 * v);
   out += "\n";
-  bool any_layer_norm = false, any_lstm = false;
-  for (const auto& s : r["shapes"]) (s["op"] == "lstm" ? any_lstm : any_layer_norm) = true;
+  bool any_layer_norm = false;
+  for (const auto& s : r["shapes"]) any_layer_norm = any_layer_norm || s["op"] == "layer_norm";
   if (!any_layer_norm) {
     out += "\nNo LayerNorm ran in the recorded steps: nothing for `hfnn tune` to tune.\n";
   } else {
@@ -212,11 +212,14 @@ std::string report_text(const nlohmann::json& r) {
                            s["fwd_calls"].get<int64_t>(), s["run_pct"].get<double>(), s["bwd_calls"].get<int64_t>(),
                            s["time_us"].get<double>() / 1e3, 100 * s["time_share"].get<double>());
   }
-  if (any_lstm) {
-    out += fmt::format("\nLSTM input shapes (forward calls)\n  {:<18} {:<9} {:<62} {:>6} {:>7} {:>10} {:>6}\n", "input",
-                       "dtype", "settings", "calls", "Run%", cuda ? "CUDA ms" : "CPU ms", "share");
+  for (const auto& [op, title] : kModuleShapeOps) {
+    bool any = false;
+    for (const auto& s : r["shapes"]) any = any || s["op"] == op;
+    if (!any) continue;
+    out += fmt::format("\n{} (forward calls)\n  {:<18} {:<9} {:<62} {:>6} {:>7} {:>10} {:>6}\n", title, "input", "dtype",
+                       "settings", "calls", "Run%", cuda ? "CUDA ms" : "CPU ms", "share");
     for (const auto& s : r["shapes"])
-      if (s["op"] == "lstm")
+      if (s["op"] == op)
         out += fmt::format("  {:<18} {:<9} {:<62} {:>6} {:>6.2f}% {:>10.3f} {:>5.1f}%\n", s["shape"].get<std::string>(),
                            s["dtype"].get<std::string>(), s["flags"].get<std::string>(), s["fwd_calls"].get<int64_t>(),
                            s["run_pct"].get<double>(), s["time_us"].get<double>() / 1e3,

@@ -4,10 +4,15 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "profiles/db.h"
 
 namespace hfnn::profiles {
+
+// Shape records other than LayerNorm's, with their section titles: op name -> title.
+inline constexpr std::pair<const char*, const char*> kModuleShapeOps[] = {
+    {"multihead_attention", "MultiheadAttention query shapes"}, {"lstm", "LSTM input shapes"}};
 
 // The op category a name falls in: layer_norm, attention, lstm, gemm, communication, elementwise, other.
 std::string op_category(const std::string& op_name);

@@ -109,8 +109,8 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
     h += "</table>\n";
   }
 
-  bool any_layer_norm = false, any_lstm = false;
-  for (const auto& s : r["shapes"]) (s["op"] == "lstm" ? any_lstm : any_layer_norm) = true;
+  bool any_layer_norm = false;
+  for (const auto& s : r["shapes"]) any_layer_norm = any_layer_norm || s["op"] == "layer_norm";
   h += "<h2>LayerNorm input shapes</h2>\n";
   if (!any_layer_norm) {
     h += "<p>No LayerNorm ran in the recorded steps: nothing for <code>hfnn tune</code> to tune.</p>\n";
@@ -129,17 +129,21 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                          bar(s["time_share"].get<double>(), "#d9480f", 160), 100 * s["time_share"].get<double>());
     h += "</table>\n";
   }
-  if (any_lstm) {
-    h += "<h2>LSTM input shapes</h2>\n<table><tr><th>input</th><th>dtype</th><th>settings</th><th class=\"num\">calls</th>"
-         "<th>Run%</th><th class=\"num\">" + std::string(cuda ? "CUDA" : "CPU") + " ms</th><th>share of LSTM time</th></tr>\n";
+  for (const auto& [op, title] : kModuleShapeOps) {
+    bool any = false;
+    for (const auto& s : r["shapes"]) any = any || s["op"] == op;
+    if (!any) continue;
+    h += fmt::format("<h2>{}</h2>\n<table><tr><th>input</th><th>dtype</th><th>settings</th><th class=\"num\">calls</th>"
+                     "<th>Run%</th><th class=\"num\">{} ms</th><th>share</th></tr>\n", title, cuda ? "CUDA" : "CPU");
+    const char* color = category_color(op_category(op));
     for (const auto& s : r["shapes"])
-      if (s["op"] == "lstm")
+      if (s["op"] == op)
         h += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td><code>{}</code></td><td class=\"num\">{}</td>"
                          "<td>{} {:.2f}%</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
                          escape(s["shape"].get<std::string>()), escape(s["dtype"].get<std::string>()),
                          escape(s["flags"].get<std::string>()), s["fwd_calls"].get<int64_t>(),
-                         bar(s["run_pct"].get<double>() / 100, "#0b7285", 160), s["run_pct"].get<double>(),
-                         s["time_us"].get<double>() / 1e3, bar(s["time_share"].get<double>(), "#0b7285", 160),
+                         bar(s["run_pct"].get<double>() / 100, color, 160), s["run_pct"].get<double>(),
+                         s["time_us"].get<double>() / 1e3, bar(s["time_share"].get<double>(), color, 160),
                          100 * s["time_share"].get<double>());
     h += "</table>\n";
   }

@@ -39,6 +39,31 @@ def _meta() -> dict:
     return meta
 
 
+def _record_attention_shapes(torch) -> None:
+    """Wraps nn.MultiheadAttention.forward so each call is a record_function scope whose name
+    carries what picks an attention kernel: `hfnn.shape|multihead_attention|<query shape>|<dtype>|
+    <settings>`. The collector turns such scopes into shape records (with their CPU and CUDA time)
+    and keeps them out of the op table. Only in profiled processes."""
+    from torch import nn
+
+    original = nn.MultiheadAttention.forward
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        settings = (f"embed={self.embed_dim},heads={self.num_heads},kv_len={key.shape[-2] if self.batch_first else key.shape[0]},"
+                    f"batch_first={int(self.batch_first)},need_weights={int(bool(need_weights))},"
+                    f"attn_mask={int(attn_mask is not None)},key_padding_mask={int(key_padding_mask is not None)},"
+                    f"causal={int(bool(is_causal))}")
+        shape = "[" + ",".join(str(d) for d in query.shape) + "]"
+        dtype = str(query.dtype).replace("torch.", "")
+        with torch.autograd.profiler.record_function(f"hfnn.shape|multihead_attention|{shape}|{dtype}|{settings}"):
+            return original(self, query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                            attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+
+    forward.__wrapped__ = original
+    nn.MultiheadAttention.forward = forward
+
+
 def _install() -> None:
     directory = os.environ["HFNN_PROFILE_DIR"]
     import torch
@@ -54,6 +79,7 @@ def _install() -> None:
         "steps": int(os.environ.get("HFNN_PROFILE_STEPS", "0")),
         "meta": _meta(),
     }
+    _record_attention_shapes(torch)
     torch.ops.hfnn.profiler_start(json.dumps(config))
     atexit.register(torch.ops.hfnn.profiler_stop)
 

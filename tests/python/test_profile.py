@@ -277,3 +277,21 @@ def test_csv_report_has_the_same_content_as_json(tmp_path):
     shapes = [r for r in as_csv if r["section"] == "shape"]
     assert [(r["shape"], r["affine"]) for r in shapes] == [(s["shape"], "1" if s["affine"] else "0") for s in as_json["shapes"]]
     assert [int(r["steps"]) for r in as_csv if r["section"] == "steps"] == [s["steps"] for s in as_json["steps"]]
+
+
+TRANSFORMER_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "transformer.py"
+
+
+def test_multihead_attention_shapes_are_recorded_with_their_settings(tmp_path):
+    out = profile(tmp_path, "--warmup", "1", "--steps", "2", str(TRANSFORMER_EXAMPLE), "--steps", "3", "--warmup", "1",
+                  "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    ((shape, dtype, flags, calls),) = rows(db, "SELECT shape, dtype, flags, calls FROM shape_stats"
+                                               " WHERE op = 'multihead_attention'")
+    assert (shape, dtype) == ("[8,32,64]", "float32")
+    assert calls == 2 * 2  # two recorded steps, two layers
+    assert "embed=64,heads=4" in flags and "batch_first=1" in flags and "need_weights=0" in flags
+    # The labelling scope is not an op of its own.
+    assert rows(db, "SELECT count(*) FROM op_stats WHERE name LIKE 'hfnn.shape|%'") == [(0,)]
+    assert "MultiheadAttention query shapes" in out.stdout
