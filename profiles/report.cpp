@@ -66,6 +66,26 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
     ranks.push_back({{"rank", steps.column_int(0)}, {"steps", steps.column_int(1)}, {"mean_ms", steps.column_double(2)},
                      {"min_ms", steps.column_double(3)}, {"max_ms", steps.column_double(4)},
                      {"gpu_busy_ms", steps.column_is_null(5) ? nlohmann::json() : nlohmann::json(steps.column_double(5))}});
+  // Each rank's share of its own time in communication (NCCL/gloo collectives), on the same basis
+  // as the op table: a slow rank and a waiting rank look different here.
+  {
+    Statement per_rank(db.handle(), has_cuda ? "SELECT rank, name, sum(cuda_self_us) FROM op_stats WHERE run_id = ?"
+                                               " GROUP BY rank, name"
+                                             : "SELECT rank, name, sum(cpu_self_us) FROM op_stats WHERE run_id = ?"
+                                               " GROUP BY rank, name");
+    per_rank.bind(1, run_id);
+    std::map<int64_t, std::pair<double, double>> comm;  // rank -> (communication, all)
+    while (per_rank.step()) {
+      auto& [c, all] = comm[per_rank.column_int(0)];
+      const double t = per_rank.column_double(2);
+      all += t;
+      if (op_category(per_rank.column_text(1)) == "communication") c += t;
+    }
+    for (auto& s : ranks) {
+      const auto it = comm.find(s["rank"].get<int64_t>());
+      s["communication_share"] = it != comm.end() && it->second.second > 0 ? it->second.first / it->second.second : 0.0;
+    }
+  }
   r["steps"] = ranks;
 
   // Ops by self time (CUDA where recorded, else CPU), summed over ranks.
@@ -163,11 +183,13 @@ std::string report_text(const nlohmann::json& r) {
     out += "  steps: none seen (no optimizer.step() or hfnn.step()): the numbers cover the whole run\n";
   } else {
     for (const auto& s : r["steps"])
-      out += fmt::format("  rank {}: {} steps recorded after {} warm-up, {:.2f} ms mean ({:.2f} to {:.2f}){}\n",
+      out += fmt::format("  rank {}: {} steps recorded after {} warm-up, {:.2f} ms mean ({:.2f} to {:.2f}){}, "
+                         "communication {:.1f}%\n",
                          s["rank"].get<int64_t>(), s["steps"].get<int64_t>(), run["warmup"].get<int64_t>(),
                          s["mean_ms"].get<double>(), s["min_ms"].get<double>(), s["max_ms"].get<double>(),
                          s["gpu_busy_ms"].is_null() ? std::string()
-                                                    : fmt::format(", GPU busy {:.2f} ms", s["gpu_busy_ms"].get<double>()));
+                                                    : fmt::format(", GPU busy {:.2f} ms", s["gpu_busy_ms"].get<double>()),
+                         100 * s["communication_share"].get<double>());
   }
   const bool cuda = r["time_basis"] == "cuda";
   const std::string self_key = cuda ? "cuda_self_us" : "cpu_self_us", total_key = cuda ? "cuda_total_us" : "cpu_total_us";
@@ -272,7 +294,11 @@ std::string report_csv(const nlohmann::json& r) {
     v["share"] = s["time_share"];
     row("shape", v);
   }
-  for (const auto& s : r["steps"]) row("steps", s);
+  for (const auto& s : r["steps"]) {
+    nlohmann::json v = s;
+    v["share"] = s["communication_share"];  // the rank's share of time in collectives
+    row("steps", v);
+  }
   return out;
 }
 

@@ -155,16 +155,17 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
     double longest = 0;
     for (const auto& s : r["steps"]) longest = std::max(longest, s["max_ms"].get<double>());
     h += "<table><tr><th>rank</th><th class=\"num\">steps</th><th class=\"num\">mean ms</th><th>mean (bar) and range</th>"
-         "<th class=\"num\">min ms</th><th class=\"num\">max ms</th></tr>\n";
+         "<th class=\"num\">min ms</th><th class=\"num\">max ms</th><th>communication</th></tr>\n";
     for (const auto& s : r["steps"]) {
       const double scale = longest > 0 ? 300.0 / longest : 0;
       const double mean = s["mean_ms"].get<double>(), lo = s["min_ms"].get<double>(), hi = s["max_ms"].get<double>();
       h += fmt::format("<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2f}</td><td><svg width=\"300\" height=\"14\" "
                        "role=\"img\" aria-label=\"{:.2f} ms\"><rect width=\"300\" height=\"14\" fill=\"#eef1f5\"/><rect width=\"{:.1f}\" "
                        "height=\"14\" fill=\"#1c7ed6\"/><line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"7\" y2=\"7\" stroke=\"#212529\" "
-                       "stroke-width=\"2\"/></svg></td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td></tr>\n",
+                       "stroke-width=\"2\"/></svg></td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td><td>{} {:.1f}%</td></tr>\n",
                        s["rank"].get<int64_t>(), s["steps"].get<int64_t>(), mean, mean, mean * scale, lo * scale,
-                       hi * scale, lo, hi);
+                       hi * scale, lo, hi, bar(s["communication_share"].get<double>(), category_color("communication"), 120),
+                       100 * s["communication_share"].get<double>());
     }
     h += "</table>\n";
   }

@@ -295,3 +295,32 @@ def test_multihead_attention_shapes_are_recorded_with_their_settings(tmp_path):
     # The labelling scope is not an op of its own.
     assert rows(db, "SELECT count(*) FROM op_stats WHERE name LIKE 'hfnn.shape|%'") == [(0,)]
     assert "MultiheadAttention query shapes" in out.stdout
+
+
+DDP_SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_gives_one_profile_with_every_rank(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(_free_port())]
+    out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "shapes.db"), "--warmup", "1", "--steps", "3", "--",
+                          *torchrun, str(DDP_SCRIPT), "5"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    db = tmp_path / "shapes.db"
+    assert rows(db, "SELECT world_size FROM runs") == [(2,)]
+    assert rows(db, "SELECT rank, steps_recorded FROM ranks ORDER BY rank") == [(0, 3), (1, 3)]
+    # Rank 1 trains on twice the batch: each rank's own LayerNorm shape is there.
+    assert rows(db, "SELECT DISTINCT rank, shape FROM shape_stats ORDER BY rank") == [(0, "[16,64]"), (1, "[32,64]")]
+    report = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"],
+                                       capture_output=True, text=True).stdout)
+    assert [s["rank"] for s in report["steps"]] == [0, 1]
+    assert all(0 < s["communication_share"] < 1 for s in report["steps"])  # gloo all-reduce of the gradients
+    assert "communication" in report["categories"]
