@@ -195,6 +195,7 @@ struct State {
   std::unordered_map<uint32_t, uint64_t> correlation;  // CUDA API correlation id -> op call id
   std::vector<uint64_t> step_first_id;  // first op call id of each recorded step
   std::atomic<bool> recording{false};
+  uint64_t generation = 0;  // bumped whenever `ops` is cleared: per-thread caches of it go stale
   std::optional<at::CallbackHandle> handle;
   bool stopped = false;
 };
@@ -312,6 +313,7 @@ void boundary_locked(State& s) {
   attribute_locked(s, false);
   if (s.boundaries <= s.warmup) {  // warm-up: forget what was seen so far
     s.ops.clear();
+    ++s.generation;
     s.shapes.clear();
     s.kernels.clear();
     s.invocations.clear();
@@ -378,8 +380,24 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (s.recording) {
     // A shape scope is a label around a module call, not an op: its time shows in its shape row.
     static OpTotals scope_sink;
-    const bool scope = name.rfind(kShapeScope, 0) == 0;
-    OpTotals& t = scope ? scope_sink : s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
+    OpTotals* totals = nullptr;
+    if (fn.scope() == at::RecordScope::FUNCTION) {
+      // An op's name is its schema's, stable for the process: look its totals up by pointer, per
+      // thread, instead of building a string key for every call (the collector's main cost on
+      // CPU-bound steps).
+      thread_local std::unordered_map<uintptr_t, OpTotals*> cache;
+      thread_local uint64_t cache_generation = ~uint64_t{0};
+      if (cache_generation != s.generation) {
+        cache.clear();
+        cache_generation = s.generation;
+      }
+      OpTotals*& slot = cache[reinterpret_cast<uintptr_t>(fn.name()) * 2 + (f.backward ? 1 : 0)];
+      if (!slot) slot = &s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
+      totals = slot;
+    } else {
+      totals = name.rfind(kShapeScope, 0) == 0 ? &scope_sink : &s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
+    }
+    OpTotals& t = *totals;
     ++t.calls;
     t.total_ns += total;
     t.self_ns += total - f.child_ns;

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""What `hfnn profile` costs and how well it agrees with torch.profiler, on a bundled example.
+
+    python3 bench/profile.py --out bench/results/profile-h200.json        # on a GPU machine
+    python3 bench/profile.py --size small --steps 5                        # a quick look on a CPU
+
+Four runs of the example (examples/evoformer.py by default), same seed and data:
+  plain        the example alone: its median step time is the reference
+  hfnn         under `hfnn profile` (default --warmup/--steps as the example's): overhead, DB size
+  torch        under torch.profiler(record_shapes=True), the way people profile today: its overhead
+  agreement    under `hfnn profile --warmup 0 --steps 0`, the same steps torch.profiler saw: per-op
+               self time (CUDA on a GPU, CPU otherwise), summed over forward and backward, against
+               torch.profiler's key_averages() for the ten ops hfnn ranks highest
+The result is a JSON object: gpu, torch, date, steps, overhead_pct, torch_profiler_overhead_pct,
+max_top_op_time_diff_pct, db_bytes, and the per-op table behind the last number.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs the example in this process under torch.profiler, then writes key_averages() per op name.
+TORCH_PROFILER_RUNNER = r"""
+import json, runpy, sys, torch
+out, script, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+activities = [torch.profiler.ProfilerActivity.CPU]
+if torch.cuda.is_available():
+    activities.append(torch.profiler.ProfilerActivity.CUDA)
+sys.argv = [script, *args]
+with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    runpy.run_path(script, run_name="__main__")
+rows = {}
+for e in prof.key_averages():
+    rows[e.key] = {"cpu_self_us": e.self_cpu_time_total, "cuda_self_us": getattr(e, "self_device_time_total", 0.0),
+                   "calls": e.count}
+json.dump(rows, open(out, "w"))
+"""
+
+
+def run(cmd, cwd):
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench/profile.py: {' '.join(map(str, cmd[:4]))}... failed:\n{out.stderr[-3000:]}")
+    return out
+
+
+def median_ms(path):
+    return json.loads(Path(path).read_text())["median_step_ms"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--example", type=Path, default=ROOT / "examples" / "evoformer.py")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps of each run")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    ap.add_argument("--size", choices=["auto", "full", "small"], default="auto")
+    ap.add_argument("--out", type=Path, help="write the JSON result here")
+    args = ap.parse_args()
+    hfnn = shutil.which("hfnn")
+    if hfnn is None:
+        sys.exit("bench/profile.py: the hfnn command is not on PATH: run scripts/setup.sh")
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="hfnn-bench-profile-"))
+    example = [str(args.example), "--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
+    py = sys.executable
+
+    run([py, *example, "--json", str(work / "plain.json")], work)
+    run([hfnn, "profile", "--db", str(work / "hfnn.db"), "--python", py, "--report", "none",
+         "--warmup", str(args.warmup), "--steps", str(args.steps), *example, "--json", str(work / "hfnn.json")], work)
+    run([py, "-c", TORCH_PROFILER_RUNNER, str(work / "torch_ops.json"), *example, "--json", str(work / "torch.json")], work)
+    run([hfnn, "profile", "--db", str(work / "agree.db"), "--python", py, "--report", "none", "--warmup", "0",
+         "--steps", "0", *example, "--json", str(work / "agree.json")], work)
+
+    plain, profiled, torch_prof = (median_ms(work / f) for f in ("plain.json", "hfnn.json", "torch.json"))
+    with sqlite3.connect(work / "agree.db") as con:
+        cuda = con.execute("SELECT count(*) FROM op_stats WHERE cuda_self_us > 0").fetchone()[0] > 0
+        column = "cuda_self_us" if cuda else "cpu_self_us"
+        ours = dict(con.execute(f"SELECT name, sum({column}) FROM op_stats WHERE name LIKE 'aten::%'"
+                                f" GROUP BY name ORDER BY sum({column}) DESC LIMIT 10").fetchall())
+    theirs = json.loads((work / "torch_ops.json").read_text())
+    table = []
+    for name, us in ours.items():
+        ref = theirs.get(name, {}).get(column, 0.0)
+        table.append({"op": name, "hfnn_us": round(us, 1), "torch_profiler_us": round(ref, 1),
+                      "diff_pct": round(100 * abs(us - ref) / ref, 2) if ref else None})
+    diffs = [row["diff_pct"] for row in table if row["diff_pct"] is not None]
+    result = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "date": dt.date.today().isoformat(),
+        "example": args.example.name,
+        "steps": args.steps,
+        "time_basis": "cuda" if cuda else "cpu",
+        "plain_step_ms": round(plain, 3),
+        "hfnn_profile_step_ms": round(profiled, 3),
+        "torch_profiler_step_ms": round(torch_prof, 3),
+        "overhead_pct": round(100 * (profiled / plain - 1), 2),
+        "torch_profiler_overhead_pct": round(100 * (torch_prof / plain - 1), 2),
+        "max_top_op_time_diff_pct": max(diffs) if diffs else None,
+        "db_bytes": os.path.getsize(work / "hfnn.db"),
+        "top_ops": table,
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
