@@ -4,6 +4,8 @@
 #   tests     C++ variant tests (gtest) and the Python tests, GPU ones included
 #   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
+#   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
+#   bench-profile  bench/profile.py: the profiler's overhead and agreement with torch.profiler
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
 # (scripts/device_prepare.sh).
@@ -87,6 +89,11 @@ if want profile && [ -f examples/evoformer.py ]; then
   tail -30 "$OUT/profile.log"
   python3 -c "import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); print(f'median step: plain {a[\"median_step_ms\"]:.2f} ms, under hfnn profile {b[\"median_step_ms\"]:.2f} ms ({100*(b[\"median_step_ms\"]/a[\"median_step_ms\"]-1):+.1f}%)')" "$OUT/plain.json" "$OUT/profiled.json"
   ls -l "$OUT/shapes.db"
+fi
+if want bench-profile; then
+  # The profiler's cost and its agreement with torch.profiler (bench/profile.py), one JSON.
+  python3 bench/profile.py --out "$OUT/profile-$gpu.json" > "$OUT/bench-profile.log" 2>&1 || status=1
+  tail -20 "$OUT/bench-profile.log"
 fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
