@@ -1,6 +1,7 @@
 // `hfnn report`: a profile run from the database, as text or JSON.
 #include <fmt/core.h>
 
+#include <cstdio>
 #include <fstream>
 #include <memory>
 
@@ -49,7 +50,11 @@ int run_report(const ReportOptions& o) {
         return 1;
       }
     }
-    std::rename(tmp.c_str(), o.output.c_str());
+    if (std::rename(tmp.c_str(), o.output.c_str()) != 0) {
+      fmt::print(stderr, "hfnn report: cannot write {} (check the folder is writable)\n", o.output);
+      std::remove(tmp.c_str());
+      return 1;
+    }
     return 0;
   } catch (const profiles::DbError& e) {
     fmt::print(stderr, "hfnn report: {}\n", e.what());

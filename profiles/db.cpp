@@ -126,11 +126,6 @@ Database::~Database() {
   if (db_) sqlite3_close(db_);
 }
 
-void Database::check(int rc, const char* what) {
-  if (rc != SQLITE_OK && rc != SQLITE_DONE && rc != SQLITE_ROW)
-    throw DbError(fmt::format("{}: {} failed ({})", path_, what, sqlite3_errmsg(db_)));
-}
-
 void Database::exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {

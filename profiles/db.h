@@ -48,7 +48,6 @@ class Database {
   const std::string& path() const { return path_; }
 
  private:
-  void check(int rc, const char* what);
   void exec(const char* sql);
   void migrate_from(int version);
 

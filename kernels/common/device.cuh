@@ -167,6 +167,17 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Dynamic shared memory the kernels may ask for: above the 48 KB default, within what Ampere and
+// Hopper allow a block (164 / 227 KB).
+inline constexpr std::size_t kMaxDynamicSmem = 160 * 1024;
+
+// Opts `kernel` into `smem` bytes of dynamic shared memory when that is over the 48 KB default.
+template <typename K>
+cudaError_t allow_smem(K kernel, std::size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
 // Resident blocks of `kernel` the device can hold, at `threads` threads and `smem` dynamic bytes.
 template <typename K>
 int resident_blocks(K kernel, int threads, std::size_t smem, int sm_count) {

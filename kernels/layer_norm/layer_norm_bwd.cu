@@ -276,13 +276,6 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
 
 std::size_t regs_fold_bytes(int64_t cols) { return static_cast<std::size_t>(kRegsWarps) * cols * sizeof(float); }
 
-// Opts the kernel into more than 48 KB of dynamic shared memory when the fold needs it.
-template <typename K>
-cudaError_t allow_smem(K kernel, std::size_t smem) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-}
-
 template <int kTpr, int kRows, typename T, int kNv>
 int regs_grid(const BwdParams& p) {
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr * kRows;
@@ -328,7 +321,6 @@ decltype(auto) dispatch_regs(const BwdParams& p, F&& f) {
 // ---- block per row ------------------------------------------------------------------------------
 
 constexpr int kBlockThreads = 256;
-constexpr std::size_t kBlockSmemLimit = 160 * 1024;
 
 template <typename T, bool kVectorized>
 __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParams p) {
@@ -441,7 +433,7 @@ bool bwd_regs_supports(const BwdParams& p) {
   const int vec = static_cast<int>(16 / dtype_size(p.dtype));
   const int nv = regs_accesses(p.cols, vec, kTpr);
   return p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows) &&
-         regs_fold_bytes(p.cols) <= kBlockSmemLimit;
+         regs_fold_bytes(p.cols) <= kMaxDynamicSmem;
 }
 
 template <int kTpr, int kRows>
@@ -472,7 +464,7 @@ HFNN_BWD_REGS(32, 2)
 #undef HFNN_BWD_REGS
 
 bool bwd_block_supports(const BwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && block_smem(p.cols) <= kBlockSmemLimit;
+  return p.rows > 0 && p.cols > 0 && block_smem(p.cols) <= kMaxDynamicSmem;
 }
 
 std::size_t bwd_block_workspace(const BwdParams& p) {

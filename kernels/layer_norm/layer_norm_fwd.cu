@@ -131,7 +131,6 @@ cudaError_t launch_fwd_regs(const FwdParams& p, cudaStream_t stream) {
 
 // ---- block per row -------------------------------------------------------------------------------
 
-constexpr std::size_t kBlockSmemLimit = 160 * 1024;  // opted in below; Ampere and Hopper allow more
 
 template <typename T, bool kVectorized>
 __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
@@ -242,7 +241,7 @@ HFNN_FWD_REGS(32, 2)
 #undef HFNN_FWD_REGS
 
 bool fwd_block_supports(const FwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && static_cast<std::size_t>(p.cols) * sizeof(float) <= kBlockSmemLimit;
+  return p.rows > 0 && p.cols > 0 && static_cast<std::size_t>(p.cols) * sizeof(float) <= kMaxDynamicSmem;
 }
 
 cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream) {
@@ -255,11 +254,7 @@ cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(p.rows < (1 << 30) ? p.rows : (1 << 30));
   return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
     auto kernel = vectorized ? fwd_block_kernel<T, true> : fwd_block_kernel<T, false>;
-    if (smem > 48 * 1024) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(kBlockSmemLimit));
-      if (err != cudaSuccess) return err;
-    }
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
     kernel<<<grid, static_cast<unsigned>(threads), smem, stream>>>(p);
     return cudaGetLastError();
   });
