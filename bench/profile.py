@@ -12,7 +12,9 @@ Four runs of the example (examples/evoformer.py by default), same seed and data:
                self time (CUDA on a GPU, CPU otherwise), summed over forward and backward, against
                torch.profiler's key_averages() for the ten ops hfnn ranks highest
 The result is a JSON object: gpu, torch, date, steps, overhead_pct, torch_profiler_overhead_pct,
-max_top_op_time_diff_pct, db_bytes, and the per-op table behind the last number.
+max_top_op_time_diff_pct, db_bytes, and the per-op table behind the last number; on a GPU also
+kernel_sum_vs_gpu_busy_pct: the recorded kernels' summed time against the steps' GPU busy time (the
+union of the kernels' intervals), which differ only by overlapping kernels or unattributed time.
 """
 from __future__ import annotations
 
@@ -89,6 +91,9 @@ def main():
         column = "cuda_self_us" if cuda else "cpu_self_us"
         ours = dict(con.execute(f"SELECT name, sum({column}) FROM op_stats WHERE name LIKE 'aten::%'"
                                 f" GROUP BY name ORDER BY sum({column}) DESC LIMIT 10").fetchall())
+    with sqlite3.connect(work / "hfnn.db") as con:
+        kernel_us = con.execute("SELECT sum(cuda_us) FROM kernel_stats").fetchone()[0]
+        busy_ms = con.execute("SELECT sum(gpu_busy_ms) FROM step_stats").fetchone()[0]
     theirs = json.loads((work / "torch_ops.json").read_text())
     table = []
     for name, us in ours.items():
@@ -109,6 +114,9 @@ def main():
         "overhead_pct": round(100 * (profiled / plain - 1), 2),
         "torch_profiler_overhead_pct": round(100 * (torch_prof / plain - 1), 2),
         "max_top_op_time_diff_pct": max(diffs) if diffs else None,
+        "kernel_sum_ms": round(kernel_us / 1e3, 3) if kernel_us else None,
+        "gpu_busy_ms": round(busy_ms, 3) if busy_ms else None,
+        "kernel_sum_vs_gpu_busy_pct": round(100 * (kernel_us / 1e3 / busy_ms - 1), 2) if kernel_us and busy_ms else None,
         "db_bytes": os.path.getsize(work / "hfnn.db"),
         "top_ops": table,
     }

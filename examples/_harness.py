@@ -4,6 +4,10 @@ JSON file. Each script keeps its model, sizes, data, loss and own options, and i
 from its own directory (the scripts are run by path, from any working directory).
 
 Plain PyTorch like the scripts: hfnn is imported only with --hfnn.
+
+Under torchrun (WORLD_SIZE > 1) the scripts train data-parallel: one process group (NCCL on CUDA,
+gloo on the CPU), each rank on the GPU of its LOCAL_RANK, the model wrapped in
+DistributedDataParallel, every rank on the same data; rank 0 prints and writes --json.
 """
 from __future__ import annotations
 
@@ -34,6 +38,11 @@ def non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) from torchrun's variables; (0, 1) when run directly."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def start(script: str, description: str, size_help: str,
@@ -82,6 +91,12 @@ def start(script: str, description: str, size_help: str,
     if args.dtype == "bfloat16" and device.type != "cuda":
         fail("--dtype bfloat16 needs CUDA; on the CPU use --dtype float32")
     size = args.size if args.size != "auto" else ("full" if device.type == "cuda" else "small")
+    if world()[1] > 1:
+        import torch.distributed as dist
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(args.seed)
     return args, device, size
 
@@ -101,11 +116,14 @@ def apply_hfnn(model: nn.Module, enabled: bool, device: torch.device,
                note: Callable[[Any, nn.Module, torch.device], str] = layernorm_note) -> tuple[nn.Module, str]:
     """hfnn.to_hfnn(model) when enabled; returns the model and the header's hfnn note ("off", or
     "on, " and what note(hfnn, model, device) says of the converted model)."""
-    if not enabled:
-        return model, "off"
-    import hfnn  # only with --hfnn: without it the examples are plain PyTorch scripts
-    model = hfnn.to_hfnn(model)
-    return model, f"on, {note(hfnn, model, device)}"
+    text = "off"
+    if enabled:
+        import hfnn  # only with --hfnn: without it the examples are plain PyTorch scripts
+        model = hfnn.to_hfnn(model)
+        text = f"on, {note(hfnn, model, device)}"
+    if world()[1] > 1:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    return model, text
 
 
 def print_header(device: torch.device, size: str, cfg: Any, depth: str, model: nn.Module, dtype: str,
@@ -113,9 +131,13 @@ def print_header(device: torch.device, size: str, cfg: Any, depth: str, model: n
     """The first line: device, size and its config (a dataclass), depth ("blocks 2", "layers 1"),
     parameter count, dtype and the hfnn note."""
     params = sum(p.numel() for p in model.parameters())
+    rank, world_size = world()
+    if rank != 0:
+        return
+    ranks = f", {world_size} ranks (DDP)" if world_size > 1 else ""
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
           f"size {size} {asdict(cfg)}, {depth}, {params / 1e6:.2f}M parameters, dtype {dtype}, "
-          f"hfnn {hfnn_note}")
+          f"hfnn {hfnn_note}{ranks}")
 
 
 def train(model: nn.Module, args: argparse.Namespace, device: torch.device, size: str,
@@ -123,7 +145,9 @@ def train(model: nn.Module, args: argparse.Namespace, device: torch.device, size
           json_fields: dict[str, Any] | None = None) -> None:
     """--warmup untimed and --steps timed AdamW steps: forward() under autocast (bfloat16 with
     --dtype bfloat16), loss_fn(output) outside it, backward, step. Prints a line a step and the
-    median; with --json writes the step times and losses, then json_fields."""
+    median; with --json writes the step times and losses, then json_fields. Under torchrun only
+    rank 0 prints and writes, and the process group is closed at the end."""
+    rank, world_size = world()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def sync() -> None:  # CUDA runs asynchronously: wait for the step before reading the clock
@@ -148,12 +172,18 @@ def train(model: nn.Module, args: argparse.Namespace, device: torch.device, size
             step_ms.append(ms)
             losses.append(value)
         label = f"step {step - args.warmup + 1}/{args.steps}" if timed else f"warmup {step + 1}/{args.warmup}"
-        print(f"{label:>14}  loss {value:.4f}  {ms:9.2f} ms")
+        if rank == 0:
+            print(f"{label:>14}  loss {value:.4f}  {ms:9.2f} ms")
 
     median = statistics.median(step_ms)
+    if world_size > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    if rank != 0:
+        return
     print(f"median step {median:.2f} ms over {args.steps} steps ({device.type}, {size}, {args.dtype}, "
           f"hfnn {'on' if args.hfnn else 'off'})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": args.steps, "step_ms": step_ms, "median_step_ms": median, "loss": losses,
-                       "device": str(device), "size": size, "hfnn": args.hfnn, **(json_fields or {})}, f, indent=2)
+                       "device": str(device), "size": size, "hfnn": args.hfnn, "world_size": world_size, **(json_fields or {})}, f, indent=2)

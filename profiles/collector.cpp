@@ -5,9 +5,11 @@
 #include <torch/library.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -187,7 +189,11 @@ struct State {
   std::map<std::pair<std::string, std::string>, OpTotals> ops;  // (name, phase)
   std::map<ShapeKey, OpTotals> shapes;
   std::map<std::string, KernelTotals> kernels;
+  // GPU busy time of each recorded step: the union of its CUDA records' intervals (overlapping
+  // kernels on several streams count once). Intervals are kept only for the steps whose records may
+  // still arrive (the last two), then folded into step_gpu_ms.
   std::vector<double> step_gpu_ms;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> step_intervals;
   bool gpu = false;  // CUPTI records are being collected
   // What happened to the CUDA records: drained, attributed, or dropped and why (in each part).
   int64_t gpu_records = 0, gpu_correlations = 0, gpu_attributed = 0, gpu_no_correlation = 0, gpu_no_op = 0;
@@ -203,6 +209,30 @@ struct State {
 State& state() {
   static State* s = new State();  // never destroyed: callbacks may run during static teardown
   return *s;
+}
+
+// Milliseconds covered by the union of [start, end) intervals (sorted in place).
+double union_ms(std::vector<std::pair<int64_t, int64_t>>& intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  int64_t covered = 0, open_start = 0, open_end = INT64_MIN;
+  for (const auto& [start, end] : intervals) {
+    if (start > open_end) {
+      if (open_end != INT64_MIN) covered += open_end - open_start;
+      open_start = start;
+      open_end = end;
+    } else {
+      open_end = std::max(open_end, end);
+    }
+  }
+  if (open_end != INT64_MIN) covered += open_end - open_start;
+  return covered / 1e6;
+}
+
+// Folds the intervals of step i into step_gpu_ms[i] and frees them.
+void settle_busy(State& s, size_t i) {
+  if (i >= s.step_intervals.size() || s.step_intervals[i].empty()) return;
+  s.step_gpu_ms[i] = union_ms(s.step_intervals[i]);
+  std::vector<std::pair<int64_t, int64_t>>().swap(s.step_intervals[i]);
 }
 
 nlohmann::json part_json(const State& s) {
@@ -229,7 +259,13 @@ nlohmann::json part_json(const State& s) {
                          {"warmup", s.warmup}, {"steps_requested", s.steps}, {"step_boundaries", s.boundaries},
                          {"step_ms", s.step_ms}, {"ops", ops}, {"shapes", shapes}, {"kernels", kernels}};
   if (s.gpu) {
-    part["step_gpu_ms"] = s.step_gpu_ms;
+    std::vector<double> busy = s.step_gpu_ms;  // with the steps not settled yet
+    for (size_t i = 0; i < busy.size() && i < s.step_intervals.size(); ++i)
+      if (!s.step_intervals[i].empty()) {
+        auto intervals = s.step_intervals[i];
+        busy[i] = union_ms(intervals);
+      }
+    part["step_gpu_ms"] = busy;
     part["gpu_records"] = {{"drained", s.gpu_records}, {"correlations", s.gpu_correlations},
                            {"attributed", s.gpu_attributed}, {"no_correlation", s.gpu_no_correlation},
                            {"no_op", s.gpu_no_op}, {"invocations_kept", s.invocations.size()}};
@@ -279,7 +315,8 @@ void attribute_locked(State& s, bool forced) {
     k.ns += ns;
     inv->second.op->cuda_self_ns += ns;
     const int step = inv->second.step;
-    if (step >= 0 && step < static_cast<int>(s.step_gpu_ms.size())) s.step_gpu_ms[step] += ns / 1e6;
+    if (step >= 0 && step < static_cast<int>(s.step_intervals.size()))
+      s.step_intervals[step].emplace_back(static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns));
     std::unordered_set<const OpTotals*> seen;  // an op nested in itself counts once
     bool shape_done = false;
     for (auto it = inv; it != s.invocations.end(); it = s.invocations.find(it->second.parent)) {
@@ -297,6 +334,7 @@ void attribute_locked(State& s, bool forced) {
 void forget_old_locked(State& s) {
   if (s.step_first_id.size() < 2) return;
   const uint64_t keep_from = s.step_first_id[s.step_first_id.size() - 2];
+  for (size_t i = 0; i + 2 < s.step_intervals.size(); ++i) settle_busy(s, i);
   for (auto it = s.invocations.begin(); it != s.invocations.end();)
     it = it->first < keep_from ? s.invocations.erase(it) : std::next(it);
   for (auto it = s.correlation.begin(); it != s.correlation.end();)
@@ -325,6 +363,7 @@ void boundary_locked(State& s) {
     const bool last = s.steps != 0 && s.recorded == s.steps;
     if (!last) {  // the next step's GPU time and first op call
       s.step_gpu_ms.push_back(0.0);
+      s.step_intervals.emplace_back();
       s.step_first_id.push_back(g_next_id.load());
     }
     if (last) s.recording = false;  // the script runs on untouched
@@ -441,6 +480,7 @@ void start(const std::string& config_json) {
   }
 #endif
   s.step_gpu_ms.assign(1, 0.0);
+  s.step_intervals.assign(1, {});
   s.step_first_id.assign(1, g_next_id.load());
   s.recording = true;
   s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -467,6 +507,7 @@ void stop() {
     if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();  // the last kernels finish
     attribute_locked(s, true);
     CuptiActivity::stop();
+    for (size_t i = 0; i < s.step_intervals.size(); ++i) settle_busy(s, i);
   }
 #endif
   // step_gpu_ms has one slot past the last recorded step (the one in progress): drop it.

@@ -6,6 +6,8 @@
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
 #   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
 #   bench-profile  bench/profile.py: the profiler's overhead and agreement with torch.profiler
+#   torchrun  `hfnn profile -- torchrun` of the Evoformer example on every GPU (NCCL): one DB
+# The logs end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
 # (scripts/device_prepare.sh).
@@ -83,11 +85,12 @@ PY
 fi
 if want profile && [ -f examples/evoformer.py ]; then
   # The profiler on the GPU: the example under `hfnn profile` against the same run without it.
-  python3 examples/evoformer.py --steps 20 --warmup 5 --json "$OUT/plain.json" > "$OUT/profile.log" 2>&1 || status=1
+  runs=$(mktemp -d)
+  python3 examples/evoformer.py --steps 20 --warmup 5 --json "$runs/plain.json" > "$OUT/profile.log" 2>&1 || status=1
   (cd "$OUT" && hfnn profile --db "$OUT/shapes.db" --warmup 5 --steps 20 --python "$(command -v python3)" \
-     "$OLDPWD/examples/evoformer.py" --steps 20 --warmup 5 --json "$OUT/profiled.json") >> "$OUT/profile.log" 2>&1 || status=1
+     "$OLDPWD/examples/evoformer.py" --steps 20 --warmup 5 --json "$runs/profiled.json") >> "$OUT/profile.log" 2>&1 || status=1
   tail -30 "$OUT/profile.log"
-  python3 -c "import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); print(f'median step: plain {a[\"median_step_ms\"]:.2f} ms, under hfnn profile {b[\"median_step_ms\"]:.2f} ms ({100*(b[\"median_step_ms\"]/a[\"median_step_ms\"]-1):+.1f}%)')" "$OUT/plain.json" "$OUT/profiled.json"
+  python3 -c "import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); print(f'median step: plain {a[\"median_step_ms\"]:.2f} ms, under hfnn profile {b[\"median_step_ms\"]:.2f} ms ({100*(b[\"median_step_ms\"]/a[\"median_step_ms\"]-1):+.1f}%)')" "$runs/plain.json" "$runs/profiled.json"
   ls -l "$OUT/shapes.db"
 fi
 if want bench-profile; then
@@ -95,8 +98,18 @@ if want bench-profile; then
   python3 bench/profile.py --out "$OUT/profile-$gpu.json" > "$OUT/bench-profile.log" 2>&1 || status=1
   tail -20 "$OUT/bench-profile.log"
 fi
+if want torchrun; then
+  # One profile of a data-parallel run on every GPU of this machine: both ranks in one DB.
+  ngpu=$(nvidia-smi -L | wc -l)
+  (cd "$OUT" && hfnn profile --db "$OUT/ddp.db" --warmup 5 --steps 20 --report text -- \
+     python3 -m torch.distributed.run --nproc_per_node "$ngpu" "$OLDPWD/examples/evoformer.py" --steps 20 --warmup 5) \
+     > "$OUT/torchrun.log" 2>&1 || status=1
+  tail -40 "$OUT/torchrun.log"
+  hfnn report --db "$OUT/ddp.db" --format json -o "$OUT/profile-torchrun-$gpu.json" || status=1
+fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
   python3 bench/layer_norm.py --out "$OUT/layer_norm-$gpu.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -70 || status=1
 fi
+(cd "$OUT" && mv env.txt env.log && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
 exit $status
