@@ -48,6 +48,7 @@ def bench_all(args):
     import torch
 
     import hfnn
+    from hfnn._tune_worker import graph_samples  # hfnn tune's timing: the benchmark measures alike
 
     assert torch.cuda.is_available(), "bench/layer_norm.py needs a CUDA device"
     info = hfnn.build_info()
@@ -65,27 +66,7 @@ def bench_all(args):
         training step (back to back) and CPU dispatch is out of the number; rotating sets larger
         than L2 keep the cache from flattering anything.
         """
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for c in calls[: min(3, len(calls))]:
-                c()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for c in calls:
-                c()
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(args.reps):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / len(calls))
-        del graph
+        times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
         return statistics.median(times), statistics.quantiles(times, n=5)
 
     # Ceiling: a large device-to-device copy by a kernel (a graph's memcpy node may go to a copy

@@ -9,6 +9,11 @@
 
 namespace hfnn::cli {
 
+// The Python hfnn runs scripts and its tune worker with: `explicit_python` (--python) when given,
+// then $HFNN_PYTHON, then the python3 next to this executable (the environment hfnn was installed
+// into), then python3 on PATH.
+std::string default_python(const std::string& explicit_python);
+
 struct VariantsOptions {
   bool json = false;
 };
@@ -36,5 +41,22 @@ struct ReportOptions {
 };
 void setup_report(CLI::App& app, int& exit_code);
 int run_report(const ReportOptions& options);
+
+struct TuneOptions {
+  std::string db = "shapes.db";
+  int64_t run = 0;
+  std::vector<std::string> ops;
+  int top = 0;
+  double min_share = 0;
+  double budget = 0;
+  double seconds_per_key = 1.5;
+  bool force = false;
+  bool dry_run = false;
+  int device = 0;
+  bool quiet = false;
+  std::string python;
+};
+void setup_tune(CLI::App& app, int& exit_code);
+int run_tune(const TuneOptions& options);
 
 }  // namespace hfnn::cli

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
       "hfnn: profile a PyTorch training script, tune kernels for the shapes it really uses, and train with the winners.\n"
       "\n"
       "  hfnn profile train.py ...  run a training script under the profiler; writes shapes.db and a report\n"
-      "  hfnn report                show a profile run again (text or JSON)\n"
+      "  hfnn tune                  measure torch and hfnn's kernels on the recorded shapes; store the winners\n"
+      "  hfnn report                show a profile run again, with what tune found (text, HTML, JSON, CSV)\n"
       "  hfnn variants              list the CUDA kernel variants in this build\n"
       "\n"
       "In Python, hfnn.to_hfnn(model) swaps every nn.LayerNorm for hfnn's kernels and hfnn.to_torch(model)\n"
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   std::vector<std::string> command_after_dashes;
   CLI::App* profile = hfnn::cli::setup_profile(app, exit_code, command_after_dashes);
+  hfnn::cli::setup_tune(app, exit_code);
   hfnn::cli::setup_report(app, exit_code);
   hfnn::cli::setup_variants(app, exit_code);
 

@@ -35,18 +35,7 @@ std::string utc_now() {
   return buf;
 }
 
-// The Python that runs a .py script: --python, then $HFNN_PYTHON, then the python3 next to this
-// executable (the environment hfnn was installed into), then python3 on PATH.
-std::string python_for(const ProfileOptions& o) {
-  if (!o.python.empty()) return o.python;
-  if (const char* env = std::getenv("HFNN_PYTHON"); env && *env) return env;
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec)
-    for (const char* name : {"python3", "python"})
-      if (fs::exists(self.parent_path() / name, ec)) return (self.parent_path() / name).string();
-  return "python3";
-}
+std::string python_for(const ProfileOptions& o) { return default_python(o.python); }
 
 bool on_path(const std::string& program) {
   if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;

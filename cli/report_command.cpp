@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "profiles/db.h"
 #include "profiles/report.h"
+#include "tuner/tune_db.h"
 
 namespace hfnn::cli {
 
@@ -31,7 +32,8 @@ int run_report(const ReportOptions& o) {
       fmt::print(stderr, "hfnn report: {} holds no runs yet (run `hfnn profile` first)\n", o.db);
       return 1;
     }
-    const auto report = profiles::report_json(db, o.run);
+    auto report = profiles::report_json(db, o.run);
+    report["tune"] = tuner::tune_summary(db, tuner::load_profiled_run(db, report["run"]["id"].get<int64_t>()));
     const std::string text = o.format == "json"   ? report.dump(2) + "\n"
                              : o.format == "csv"  ? profiles::report_csv(report)
                              : o.format == "html" ? profiles::report_html(report)

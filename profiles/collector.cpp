@@ -356,6 +356,9 @@ void boundary_locked(State& s) {
     s.kernels.clear();
     s.invocations.clear();
     s.correlation.clear();
+    s.step_gpu_ms.assign(1, 0.0);  // the warm-up's kernels drained just now are not step 1's
+    s.step_intervals.assign(1, {});
+    s.step_first_id.assign(1, g_next_id.load());
   } else if (s.steps == 0 || s.recorded < s.steps) {
     s.step_ms.push_back((t - s.last_boundary_ns) / 1e6);
     ++s.recorded;

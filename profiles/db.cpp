@@ -45,6 +45,22 @@ CREATE INDEX step_stats_run ON step_stats(run_id);
     R"sql(
 ALTER TABLE shape_stats ADD COLUMN flags TEXT NOT NULL DEFAULT '';
 )sql",
+    // 2 -> 3: hfnn tune's measurements and winners, per GPU and software versions (tune_envs).
+    R"sql(
+CREATE TABLE IF NOT EXISTS tune_envs(
+  id INTEGER PRIMARY KEY, gpu TEXT NOT NULL, compute_capability TEXT NOT NULL, sm_count INTEGER NOT NULL,
+  cuda TEXT NOT NULL, torch TEXT NOT NULL, hfnn TEXT NOT NULL,
+  UNIQUE(gpu, compute_capability, sm_count, cuda, torch, hfnn));
+CREATE TABLE IF NOT EXISTS tune_results(
+  env_id INTEGER NOT NULL REFERENCES tune_envs(id), op TEXT NOT NULL, key TEXT NOT NULL, dtype TEXT NOT NULL,
+  pass TEXT NOT NULL, candidate TEXT NOT NULL, median_us REAL, p20_us REAL, p80_us REAL, max_error REAL,
+  accepted INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '', tuned_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tune_winners(
+  env_id INTEGER NOT NULL REFERENCES tune_envs(id), op TEXT NOT NULL, key TEXT NOT NULL, dtype TEXT NOT NULL,
+  pass TEXT NOT NULL, winner TEXT NOT NULL, torch_us REAL, best_us REAL, tuned_at TEXT NOT NULL,
+  PRIMARY KEY(env_id, op, key, dtype, pass));
+CREATE INDEX IF NOT EXISTS tune_results_key ON tune_results(env_id, op, key, dtype);
+)sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
@@ -58,8 +74,13 @@ bool looks_like_sqlite(const std::string& path) {
 
 }  // namespace
 
-Database::Database(const std::string& path, bool create) : path_(path) {
+Database::Database(const std::string& path, bool create) : path_(path) { open(create, false); }
+
+Database::Database(const std::string& path, ReadOnly) : path_(path) { open(false, true); }
+
+void Database::open(bool create, bool read_only) {
   namespace fs = std::filesystem;
+  const std::string& path = path_;
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
   if (!exists && !create)
@@ -67,7 +88,7 @@ Database::Database(const std::string& path, bool create) : path_(path) {
   if (exists && fs::file_size(path, ec) > 0 && !looks_like_sqlite(path))
     throw DbError(fmt::format("{}: not an hfnn database (not an SQLite file); choose another --db", path));
   if (exists && fs::is_directory(path, ec)) throw DbError(fmt::format("{}: is a folder; --db takes a file", path));
-  const int flags = SQLITE_OPEN_READWRITE | (exists ? 0 : SQLITE_OPEN_CREATE);
+  const int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | (exists ? 0 : SQLITE_OPEN_CREATE);
   if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
     sqlite3_close(db_);
@@ -105,7 +126,11 @@ Database::Database(const std::string& path, bool create) : path_(path) {
     if (version > kSchemaVersion)
       throw DbError(fmt::format("{}: written by a newer hfnn (schema {}, this hfnn reads up to {}); upgrade hfnn", path,
                                 version, kSchemaVersion));
-    if (version < kSchemaVersion) migrate_from(version);
+    if (version < kSchemaVersion && !read_only) {
+      migrate_from(version);
+      version = kSchemaVersion;
+    }
+    version_ = version;
   } catch (const DbError& e) {
     sqlite3_close(db_);
     db_ = nullptr;

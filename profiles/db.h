@@ -15,7 +15,7 @@
 
 namespace hfnn::profiles {
 
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 // One line, naming the file and what would fix it.
 struct DbError : std::runtime_error {
@@ -36,6 +36,12 @@ class Database {
  public:
   // Opens `path`, creating an empty database if the file does not exist and `create` is set.
   Database(const std::string& path, bool create);
+  // Opens an existing file to read only: checked as above but never migrated or written (an older
+  // schema is read as it is), so a command that fails later leaves the file exactly as it was.
+  struct ReadOnly {};
+  Database(const std::string& path, ReadOnly);
+  // The file's schema version (kSchemaVersion once migrated; older when opened read-only).
+  int schema_version() const { return version_; }
   ~Database();
   Database(const Database&) = delete;
   Database& operator=(const Database&) = delete;
@@ -44,14 +50,17 @@ class Database {
   int64_t add_run(const RunInfo& run, const std::vector<nlohmann::json>& parts);
   // The newest run's id, or 0 when there is none.
   int64_t latest_run();
+  // BEGIN IMMEDIATE / COMMIT / ROLLBACK for writers outside this class (hfnn tune).
+  void exec(const char* sql);
   sqlite3* handle() { return db_; }
   const std::string& path() const { return path_; }
 
  private:
-  void exec(const char* sql);
+  void open(bool create, bool read_only);
   void migrate_from(int version);
 
   std::string path_;
+  int version_ = 0;
   sqlite3* db_ = nullptr;
 };
 

@@ -247,8 +247,53 @@ std::string report_text(const nlohmann::json& r) {
                            s["run_pct"].get<double>(), s["time_us"].get<double>() / 1e3,
                            100 * s["time_share"].get<double>());
   }
+  if (r.contains("tune")) out += tune_text(r["tune"]);
   return out;
 }
+
+// "rows=32768,D=256,affine=1" -> "32768 x 256" (" no-affine" when so); other keys as they are.
+std::string key_label(const std::string& key) {
+  long long rows = 0, cols = 0;
+  int affine = 1;
+  if (std::sscanf(key.c_str(), "rows=%lld,D=%lld,affine=%d", &rows, &cols, &affine) == 3)
+    return fmt::format("{} x {}{}", rows, cols, affine ? "" : " no-affine");
+  return key;
+}
+
+std::string tune_text(const nlohmann::json& summary) {
+  const int64_t run_id = summary.value("run", int64_t{0});
+  std::string t;
+  for (const auto& e : summary["envs"]) {
+    const auto& env = e["env"];
+    t += fmt::format("\nTuned on {} (sm {}), CUDA {}, torch {}, hfnn {}: {} of {} keys of run {}\n",
+                     env["gpu"].get<std::string>(), env["compute_capability"].get<std::string>(),
+                     env["cuda"].get<std::string>(), env["torch"].get<std::string>(), env["hfnn"].get<std::string>(),
+                     e["keys_tuned"].get<int>(), e["keys_in_run"].get<size_t>(), run_id);
+    t += fmt::format("  {:<28} {:<9} {:>7} {:>7}  {:<4} {:>10} {:>10}  {:<20} {:>8}\n", "LayerNorm key (rows, D)", "dtype",
+                     "Run%", "share", "pass", "torch µs", "best µs", "winner", "speed-up");
+    std::string last;
+    for (const auto& r : e["rows"]) {
+      const std::string id = r["key"].get<std::string>() + r["dtype"].get<std::string>();
+      const bool first = id != last;
+      last = id;
+      const std::string key = key_label(r["key"].get<std::string>());
+      t += fmt::format("  {:<28} {:<9} {:>7} {:>7}  {:<4} {:>10.2f} {:>10.2f}  {:<20} {:>7.2f}x\n", first ? key : "",
+                       first ? r["dtype"].get<std::string>() : "",
+                       first ? fmt::format("{:.2f}%", r["run_pct"].get<double>()) : "",
+                       first ? fmt::format("{:.1f}%", r["share_pct"].get<double>()) : "", r["pass"].get<std::string>(),
+                       r["torch_us"].get<double>(), r["best_us"].get<double>(), r["winner"].get<std::string>(),
+                       r["speedup"].get<double>());
+    }
+    if (e.contains("projection")) {
+      const auto& p = e["projection"];
+      t += fmt::format("  Projected step time: {:.2f} ms -> {:.2f} ms ({:.3f}x), {:.2f} ms/step saved on these keys\n",
+                       p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), p["speedup"].get<double>(),
+                       p["saved_ms"].get<double>());
+    }
+  }
+  return t;
+}
+
 
 namespace {
 
@@ -271,7 +316,8 @@ std::string report_csv(const nlohmann::json& r) {
   static const char* kColumns[] = {"section", "name",     "phase",      "calls",           "cpu_self_us",
                                    "cpu_total_us", "cuda_self_us", "cuda_total_us", "share", "shape",
                                    "normalized_shape", "dtype", "affine", "flags", "run_pct",
-                                   "rank", "steps", "mean_ms", "gpu_busy_ms"};
+                                   "rank", "steps", "mean_ms", "gpu_busy_ms", "key", "gpu", "winner",
+                                   "torch_us", "best_us", "speedup"};
   std::string out;
   for (const char* c : kColumns) out += std::string(out.empty() ? "" : ",") + c;
   out += "\n";
@@ -299,6 +345,17 @@ std::string report_csv(const nlohmann::json& r) {
     v["share"] = s["communication_share"];  // the rank's share of time in collectives
     row("steps", v);
   }
+  if (r.contains("tune"))
+    for (const auto& e : r["tune"]["envs"])
+      for (const auto& t : e["rows"]) {  // a row per tuned key and pass, per GPU and versions
+        nlohmann::json v = t;
+        v["name"] = t["op"];
+        v["phase"] = t["pass"];
+        v["share"] = t["share_pct"].get<double>() / 100;
+        v["calls"] = t["calls_per_step"];
+        v["gpu"] = e["env"]["gpu"];
+        row("tune", v);
+      }
   return out;
 }
 

@@ -19,11 +19,16 @@ std::string op_category(const std::string& op_name);
 
 // The report of run `run_id` (0: the newest) as JSON: run, steps, top ops, categories, shapes.
 nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15);
-// The same as text for a terminal.
+// The same as text for a terminal (with the tune section when the report has one).
 std::string report_text(const nlohmann::json& report);
 // The same as one CSV table for scripts: a row per op, kernel, shape and rank's steps, the
 // `section` column saying which, empty cells where a column does not apply.
 std::string report_csv(const nlohmann::json& report);
+// The tune section (tuner::tune_summary's JSON, under the report's "tune" key) as text: the seeds'
+// table per GPU and versions, with the projected step time.
+std::string tune_text(const nlohmann::json& summary);
+// "rows=32768,D=256,affine=1" -> "32768 x 256"; any other key as it is.
+std::string key_label(const std::string& key);
 // The same as one self-contained HTML page (inline CSS and SVG; no script, no network).
 std::string report_html(const nlohmann::json& report);
 

@@ -169,6 +169,37 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
     }
     h += "</table>\n";
   }
+  if (r.contains("tune"))
+    for (const auto& e : r["tune"]["envs"]) {
+      const auto& env = e["env"];
+      h += fmt::format("<h2>Tuned on {} (sm {}), CUDA {}, torch {}, hfnn {}</h2>\n",
+                       escape(env["gpu"].get<std::string>()), escape(env["compute_capability"].get<std::string>()),
+                       escape(env["cuda"].get<std::string>()), escape(env["torch"].get<std::string>()),
+                       escape(env["hfnn"].get<std::string>()));
+      if (e.contains("projection")) {
+        const auto& pr = e["projection"];
+        h += fmt::format("<p>Projected step time <b>{:.2f} ms &rarr; {:.2f} ms ({:.3f}x)</b>: {:.2f} ms per step saved "
+                         "by the winners below (measured per call, times calls per step).</p>\n",
+                         pr["step_ms"].get<double>(), pr["projected_step_ms"].get<double>(), pr["speedup"].get<double>(),
+                         pr["saved_ms"].get<double>());
+      }
+      double fastest = 1;
+      for (const auto& t : e["rows"]) fastest = std::max(fastest, t["speedup"].get<double>());
+      h += "<table><tr><th>LayerNorm rows &times; D</th><th>dtype</th><th class=\"num\">Run%</th><th class=\"num\">share</th>"
+           "<th>pass</th><th class=\"num\">torch &micro;s</th><th class=\"num\">best &micro;s</th><th>winner</th>"
+           "<th>speed-up</th></tr>\n";
+      for (const auto& t : e["rows"]) {
+        const double speedup = t["speedup"].get<double>();
+        h += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"num\">{:.2f}%</td><td class=\"num\">{:.1f}%</td>"
+                         "<td>{}</td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td><td><code>{}</code></td>"
+                         "<td>{} {:.2f}x</td></tr>\n",
+                         escape(key_label(t["key"].get<std::string>())), escape(t["dtype"].get<std::string>()),
+                         t["run_pct"].get<double>(), t["share_pct"].get<double>(), escape(t["pass"].get<std::string>()),
+                         t["torch_us"].get<double>(), t["best_us"].get<double>(), escape(t["winner"].get<std::string>()),
+                         bar(speedup / fastest, category_color("layer_norm"), 120), speedup);
+      }
+      h += "</table>\n";
+    }
   h += "</body></html>\n";
   return h;
 }

@@ -260,7 +260,8 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
         con.execute("ALTER TABLE shape_stats DROP COLUMN flags")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
-    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("3",)]
+    assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
     assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
 

@@ -1,0 +1,36 @@
+"""A stand-in for hfnn's tune worker (python/hfnn/_tune_worker.py) on machines without a GPU: the
+same JSON-lines protocol with made-up timings, so `hfnn tune`'s judging, storing, skipping and
+printing are tested on the CPU. HFNN_TUNE_WORKER=<this file> makes hfnn tune start it.
+
+FAKE_TUNE_NO_GPU=1: answers like the real worker on a machine without CUDA.
+FAKE_TUNE_SLEEP=<s>: sleeps that long per key (for Ctrl-C tests).
+Timings: torch 100 µs, variant "good" 50 µs, "planted_wrong" 10 µs but wrong (error 0.3), and
+"meh" 99 µs (within the noise of torch).
+"""
+import json
+import os
+import sys
+import time
+
+if os.environ.get("FAKE_TUNE_NO_GPU") == "1":
+    print(json.dumps({"error": "no CUDA device visible to torch: tuning measures kernels on the GPU they will run on"}))
+    sys.exit(3)
+print(json.dumps({"hello": {"gpu": "Fake GPU", "compute_capability": "9.0", "sm_count": 132, "cuda": "13.0",
+                            "torch": "2.11.0", "hfnn": os.environ.get("FAKE_TUNE_HFNN", "0.1.0"), "l2_bytes": 1 << 20}}),
+      flush=True)
+calls = 0
+for line in sys.stdin:
+    req = json.loads(line)
+    calls += 1
+    time.sleep(float(os.environ.get("FAKE_TUNE_SLEEP", "0")))
+    cands = []
+    for p in req["passes"]:
+        cands += [{"pass": p, "name": "torch", "samples_us": [100, 101, 99, 100, 100], "max_error": 1e-7},
+                  {"pass": p, "name": "good", "samples_us": [50, 50.5, 49.5, 50, 50], "max_error": 2e-7},
+                  {"pass": p, "name": "meh", "samples_us": [99, 99, 99, 99, 99], "max_error": 1e-7},
+                  {"pass": p, "name": "planted_wrong", "samples_us": [10, 10, 10, 10, 10], "max_error": 0.3},
+                  {"pass": p, "name": "broken", "ran": False, "error": "invalid configuration argument"}]
+    print(json.dumps({"key": req["key"], "dtype": req["dtype"], "op": req["op"], "candidates": cands, "seconds": 0.01}),
+          flush=True)
+with open(os.environ.get("FAKE_TUNE_LOG", os.devnull), "a") as log:
+    log.write(f"{calls}\n")
