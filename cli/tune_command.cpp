@@ -47,6 +47,7 @@ class Worker {
       close(from_child[1]);
       setenv("HFNN_TUNE_DEVICE", std::to_string(device).c_str(), 1);
       unsetenv("HFNN_PROFILE_DIR");  // never profile the tuner
+      unsetenv("HFNN_DISPATCH_DB");  // torch's kernel must be torch's while it is measured
       std::vector<char*> args;
       for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string_view>
@@ -100,9 +101,12 @@ void Database::open(bool create, bool read_only) {
     // A quick structural check first: a damaged file is reported, not half-read.
     {
       Statement quick(db_, "PRAGMA quick_check");
-      if (quick.step() && quick.column_text(0) != "ok")
-        throw DbError(fmt::format("{}: the database is corrupt ({}); move it aside or use another --db", path,
-                                  quick.column_text(0)));
+      if (quick.step() && quick.column_text(0) != "ok") {
+        std::string what = quick.column_text(0);  // one line: SQLite lists the damaged pages on several
+        std::replace(what.begin(), what.end(), '\n', ' ');
+        if (what.size() > 120) what = what.substr(0, 117) + "...";
+        throw DbError(fmt::format("{}: the database is corrupt ({}); move it aside or use another --db", path, what));
+      }
     }
     int tables = 0;
     {

@@ -6,10 +6,14 @@
 //   hfnn::layer_norm_bwd  (dx, dgamma, dbeta), the contract of aten::native_layer_norm_backward
 //   hfnn::layer_norm      the differentiable op that hfnn.nn.LayerNorm calls
 //   hfnn::layer_norm_supports  whether a named variant can run a given input (for tests and the tuner)
+//   hfnn::dispatch_load / dispatch_stats  HFNN_DISPATCH_DB: the tuned winners for every LayerNorm
+//       in the process, through kernels registered over aten::native_layer_norm(_backward) on the
+//       CUDA and CPU keys (src/dispatch.h holds the table)
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -19,7 +23,13 @@
 #include <tuple>
 #include <vector>
 
+#include <ATen/ops/native_layer_norm_backward_native.h>
+#include <ATen/ops/native_layer_norm_native.h>
+
+#include <mutex>
+
 #include "kernels/layer_norm/layer_norm.h"
+#include "src/dispatch.h"
 #include "src/layer_norm_select.h"
 
 #define HFNN_KERNELS (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
@@ -89,16 +99,38 @@ const void* data_or_null(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr() : nullptr;
 }
 
+// Torch's own kernels. Called directly, not through the dispatcher: with HFNN_DISPATCH_DB our
+// kernels are the ones registered for aten::native_layer_norm, and they fall back to these.
 Triple torch_fwd(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                  const std::optional<Tensor>& bias, double eps) {
+#if HFNN_KERNELS
+  if (input.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(input.device());
+    return at::native::layer_norm_cuda(input, normalized_shape, weight, bias, eps);
+  }
+#endif
+  if (input.is_cpu()) return at::native::layer_norm_cpu(input, normalized_shape, weight, bias, eps);
   return at::native_layer_norm(input, normalized_shape, weight, bias, eps);
 }
 
 Triple torch_bwd(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
                  const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                  std::array<bool, 3> output_mask) {
+#if HFNN_KERNELS
+  if (input.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(input.device());
+    return at::native::layer_norm_backward_cuda(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                                                output_mask);
+  }
+#endif
+  if (input.is_cpu())
+    return at::native::layer_norm_backward_cpu(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   return at::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
 }
+
+// Who calls: hfnn's own op (hfnn.nn.LayerNorm, to_hfnn: a key the table does not know runs the
+// built-in heuristic) or torch's native_layer_norm under HFNN_DISPATCH_DB (it runs the policy).
+enum class Caller { kHfnn, kAten };
 
 #if HFNN_KERNELS
 template <typename Variant>
@@ -125,14 +157,71 @@ void check_launch(cudaError_t err, std::string_view name) {
 }
 
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+dispatch::Gpu device_gpu(int device) {
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
+  return {props->name, fmt::format("{}.{}", props->major, props->minor), props->multiProcessorCount};
+}
+
+// The tuned table's pick for this problem (HFNN_DISPATCH_DB), else the built-in heuristic or torch.
+// Returns the variant to run, or null for torch's kernel; counts what it chose.
+template <typename Variant, typename Params, typename Default>
+const Variant* table_choice(const Params& p, bool backward, int device, bool affine, Caller caller,
+                            std::span<const Variant> all, Default heuristic) {
+  auto& rt = dispatch::Runtime::get();
+  const dispatch::WinnerMap* map = rt.for_device(device, [&] { return device_gpu(device); });
+  dispatch::Pick pick;
+  if (map) {
+    const auto it = map->find(dispatch::Key{p.rows, p.cols, static_cast<int>(p.dtype), affine});
+    if (it != map->end()) pick = backward ? it->second.bwd : it->second.fwd;
+  }
+  if (pick.index == dispatch::Pick::kTorch) {
+    rt.count_fallback(backward, dispatch::Fallback::kTorchWon);
+    return nullptr;
+  }
+  if (pick.index >= 0) {
+    const Variant* v = static_cast<size_t>(pick.index) < all.size() ? &all[pick.index] : nullptr;
+    if (v && v->supports(p)) {
+      rt.count_variant(backward, pick.index);
+      return v;
+    }
+    rt.count_fallback(backward, dispatch::Fallback::kVariantRefused);
+    rt.warn_once(fmt::format("refused:{}", v ? v->name : "?"),
+                 fmt::format("the tuned LayerNorm {} '{}' does not take an input (rows={}, D={}): alignment or "
+                             "size; it runs torch's kernel there",
+                             backward ? "backward" : "forward", v ? std::string(v->name) : "?", p.rows, p.cols));
+    return nullptr;
+  }
+  // Not tuned: hfnn's modules keep hfnn's heuristic; torch's own calls follow the policy.
+  if (caller == Caller::kHfnn || rt.policy() == dispatch::Policy::kHeuristic) {
+    const Variant* v = heuristic(p);
+    if (v) {
+      rt.count_variant(backward, static_cast<int>(v - all.data()));
+      return v;
+    }
+  }
+  rt.count_fallback(backward, map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
+  return nullptr;
+}
 #endif
 
-Triple fwd_cuda(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
-                const std::optional<Tensor>& bias, double eps, c10::string_view variant) {
+// An input the tuned kernels do not take under HFNN_DISPATCH_DB: counted, warned about once (an
+// error with HFNN_STRICT=1), and run by torch.
+void note_unsupported(bool backward, const std::string& reason, bool cpu) {
+  auto& rt = dispatch::Runtime::get();
+  if (!rt.active()) return;
+  rt.count_fallback(backward, cpu ? dispatch::Fallback::kCpuTensor : dispatch::Fallback::kUnsupported);
+  rt.warn_once("unsupported:" + reason, "a LayerNorm input runs torch's kernel, not a tuned one: " + reason);
+}
+
+Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                const std::optional<Tensor>& bias, double eps, c10::string_view variant, Caller caller) {
   const auto [rows, cols] = rows_cols(input, normalized_shape);
-  const std::string reason = unsupported_reason(input, weight, bias, rows, cols);
+  std::string reason = unsupported_reason(input, weight, bias, rows, cols);
+  if (reason.empty() && caller == Caller::kAten && !input.is_contiguous()) reason = "the input is not contiguous";
   if (!reason.empty()) {
     TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant), "' cannot run: ", reason);
+    note_unsupported(false, reason, !input.is_cuda());
     return torch_fwd(input, normalized_shape, weight, bias, eps);
   }
 #if HFNN_KERNELS
@@ -152,7 +241,11 @@ Triple fwd_cuda(const Tensor& input, at::IntArrayRef normalized_shape, const std
   p.cols = cols;
   p.eps = static_cast<float>(eps);
   p.dtype = *kernel_dtype(x.scalar_type());
-  const k::FwdVariant* v = choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, default_fwd);
+  const bool affine = p.gamma != nullptr;
+  const k::FwdVariant* v =
+      variant.empty() && dispatch::Runtime::get().active()
+          ? table_choice<k::FwdVariant>(p, false, input.get_device(), affine, caller, k::fwd_variants(), default_fwd)
+          : choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, default_fwd);
   if (!v) return torch_fwd(input, normalized_shape, weight, bias, eps);
   check_launch(v->run(p, at::cuda::getCurrentCUDAStream()), v->name);
   const auto shape = stat_shape(input, normalized_shape);
@@ -162,11 +255,13 @@ Triple fwd_cuda(const Tensor& input, at::IntArrayRef normalized_shape, const std
 #endif
 }
 
-Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
+Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
                 const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                std::array<bool, 3> output_mask, c10::string_view variant) {
+                std::array<bool, 3> output_mask, c10::string_view variant, Caller caller) {
   const auto [rows, cols] = rows_cols(input, normalized_shape);
   std::string reason = unsupported_reason(input, weight, bias, rows, cols);
+  if (reason.empty() && caller == Caller::kAten && !(input.is_contiguous() && grad_out.is_contiguous()))
+    reason = "the input or its gradient is not contiguous";
   if (reason.empty() && (grad_out.scalar_type() != input.scalar_type() || !grad_out.sizes().equals(input.sizes())))
     reason = "grad_out differs from the input in dtype or shape";
   if (reason.empty() && (mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
@@ -174,6 +269,7 @@ Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
     reason = "mean and rstd are not float32 with one value per row (not from a CUDA forward)";
   if (!reason.empty()) {
     TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant), "' cannot run: ", reason);
+    note_unsupported(true, reason, !input.is_cuda());
     return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   }
 #if HFNN_KERNELS
@@ -199,7 +295,11 @@ Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
   p.cols = cols;
   p.dtype = *kernel_dtype(x.scalar_type());
   p.sm_count = sm_count();
-  const k::BwdVariant* v = choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, default_bwd);
+  const bool affine = p.gamma != nullptr;
+  const k::BwdVariant* v =
+      variant.empty() && dispatch::Runtime::get().active()
+          ? table_choice<k::BwdVariant>(p, true, input.get_device(), affine, caller, k::bwd_variants(), default_bwd)
+          : choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, default_bwd);
   if (!v) return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   const std::size_t bytes = v->workspace_bytes(p);
   Tensor workspace;
@@ -212,6 +312,32 @@ Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
 #else
   return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
 #endif
+}
+
+Triple fwd_cuda(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                const std::optional<Tensor>& bias, double eps, c10::string_view variant) {
+  return fwd_impl(input, normalized_shape, weight, bias, eps, variant, Caller::kHfnn);
+}
+
+Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
+                const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                std::array<bool, 3> output_mask, c10::string_view variant) {
+  return bwd_impl(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, variant, Caller::kHfnn);
+}
+
+// Registered over aten::native_layer_norm and aten::native_layer_norm_backward (CUDA and CPU keys)
+// once HFNN_DISPATCH_DB is loaded: every LayerNorm in the process (nn.LayerNorm, F.layer_norm,
+// anything that calls them) comes here, with autograd and autocast still torch's.
+Triple aten_fwd(const Tensor& input, c10::SymIntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                const std::optional<Tensor>& bias, double eps) {
+  return fwd_impl(input, C10_AS_INTARRAYREF_SLOW(normalized_shape), weight, bias, eps, "", Caller::kAten);
+}
+
+Triple aten_bwd(const Tensor& grad_out, const Tensor& input, c10::SymIntArrayRef normalized_shape, const Tensor& mean,
+                const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                std::array<bool, 3> output_mask) {
+  return bwd_impl(grad_out, input, C10_AS_INTARRAYREF_SLOW(normalized_shape), mean, rstd, weight, bias, output_mask, "",
+                  Caller::kAten);
 }
 
 // CPU tensors: torch's kernels, always.
@@ -367,6 +493,68 @@ bool supports(const Tensor& input, at::IntArrayRef normalized_shape, const std::
   return false;
 }
 
+// Puts our kernels over torch's for aten::native_layer_norm and its backward, CUDA and CPU, once.
+// torch warns when a kernel replaces another; that one warning is expected here, so it is kept quiet.
+void register_over_aten() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct Quiet : c10::WarningHandler {
+      void process(const c10::Warning&) override {}
+    } quiet;
+    const c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+    for (const auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
+      auto* lib = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);  // lives forever
+      lib->impl("native_layer_norm", TORCH_FN(aten_fwd));
+      lib->impl("native_layer_norm_backward", TORCH_FN(aten_bwd));
+    }
+  });
+}
+
+// Loads the table (once per process; a second call replaces it) and routes torch's LayerNorm
+// through it. Returns JSON: {"ok", "problem" (one line, or ""), "notes" [...], "keys", "gpus"}.
+// A problem leaves the table empty: every call runs torch's kernel and is counted as a fall-back.
+std::string dispatch_load(c10::string_view path, c10::string_view torch_version, c10::string_view cuda_version,
+                          c10::string_view hfnn_version, c10::string_view policy, bool strict) {
+  TORCH_CHECK(policy == "torch" || policy == "heuristic", "HFNN_DISPATCH_POLICY=", std::string(policy),
+              ": expected torch (keys without a winner run torch's kernel) or heuristic (hfnn's built-in choice)");
+  const std::string db(path);
+  std::shared_ptr<const dispatch::Table> table;
+  std::string problem;
+  std::vector<std::string> notes;
+  try {
+    auto loaded = dispatch::Table::load(
+        db, {std::string(torch_version), std::string(cuda_version), std::string(hfnn_version)});
+    if (loaded.gpu_count() == 0 && loaded.other_versions.empty()) {
+      problem = fmt::format("{}: has no tuned winners yet; run `hfnn tune --db {}` on this GPU first", db, db);
+    } else if (loaded.gpu_count() == 0) {
+      std::string others;
+      for (const auto& o : loaded.other_versions) others += (others.empty() ? "" : "; ") + o;
+      problem = fmt::format("{}: tuned with other versions ({}), not with torch {}, CUDA {}, hfnn {}; run `hfnn tune "
+                            "--db {}` again",
+                            db, others, std::string(torch_version),
+                            std::string(cuda_version), std::string(hfnn_version), db);
+    }
+    for (const auto& v : loaded.unknown_variants)
+      notes.push_back(fmt::format("{}: winner '{}' is not in this build of hfnn; those keys run as untuned", db, v));
+    table = std::make_shared<const dispatch::Table>(std::move(loaded));
+  } catch (const dispatch::LoadError& e) {
+    problem = e.what();
+  }
+  dispatch::Runtime::get().configure(table, db, policy == "torch" ? dispatch::Policy::kTorch : dispatch::Policy::kHeuristic,
+                                     strict);
+  register_over_aten();
+  nlohmann::json gpus = nlohmann::json::array();
+  if (table)
+    for (const auto& g : table->gpus()) gpus.push_back(g.describe());
+  return nlohmann::json{{"ok", problem.empty()}, {"problem", problem}, {"notes", notes},
+                        {"keys", table ? table->key_count() : 0}, {"gpus", gpus}}
+      .dump();
+}
+
+std::string dispatch_stats() { return dispatch::Runtime::get().stats_json(); }
+
+void dispatch_reset_counts() { dispatch::Runtime::get().reset_counts(); }
+
 }  // namespace
 }  // namespace hfnn::layer_norm
 
@@ -376,6 +564,10 @@ TORCH_LIBRARY_FRAGMENT(hfnn, m) {
   m.def("layer_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, str variant='') -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_supports(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, str variant) -> bool");
   m.impl("layer_norm_supports", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::supports));
+  m.def("dispatch_load(str path, str torch_version, str cuda_version, str hfnn_version, str policy, bool strict) -> str",
+        TORCH_FN(hfnn::layer_norm::dispatch_load));
+  m.def("dispatch_stats() -> str", TORCH_FN(hfnn::layer_norm::dispatch_stats));
+  m.def("dispatch_reset_counts() -> ()", TORCH_FN(hfnn::layer_norm::dispatch_reset_counts));
 }
 
 TORCH_LIBRARY_IMPL(hfnn, CUDA, m) {

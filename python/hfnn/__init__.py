@@ -2,12 +2,15 @@
 
     model = hfnn.to_hfnn(model)   # every nn.LayerNorm now runs hfnn's CUDA kernels
     model = hfnn.to_torch(model)  # and back, exactly
+
+    HFNN_DISPATCH_DB=shapes.db python train.py   # every LayerNorm runs what `hfnn tune` picked
 """
 from __future__ import annotations
 
 from importlib import metadata as _metadata
 
 from . import nn
+from ._dispatch import dispatch_stats
 from ._ops import build_info, ops_error
 from .convert import to_hfnn, to_torch
 
@@ -33,4 +36,4 @@ def layer_norm_variants() -> dict:
     return build_info().get("variants", {}).get("layer_norm", {"fwd": [], "bwd": []})
 
 
-__all__ = ["nn", "to_hfnn", "to_torch", "step", "build_info", "ops_error", "layer_norm_variants", "__version__"]
+__all__ = ["nn", "to_hfnn", "to_torch", "step", "dispatch_stats", "build_info", "ops_error", "layer_norm_variants", "__version__"]

@@ -1,8 +1,9 @@
-"""Start-up hook for `hfnn profile`: imported by hfnn_startup.pth in every Python process, but
-only when HFNN_PROFILE_DIR is set (the .pth checks the variable before importing anything), so
-it does nothing at all otherwise.
+"""Start-up hook: imported by hfnn_startup.pth in every Python process, but only when
+HFNN_PROFILE_DIR (`hfnn profile`) or HFNN_DISPATCH_DB (training with tuned kernels, _dispatch.py)
+is set: the .pth checks the variables before importing anything, so it does nothing at all otherwise.
 
-It starts hfnn's in-process collector (profiles/collector.cpp), passes it what the database
+With HFNN_DISPATCH_DB it loads the tuned table (hfnn._dispatch.install). With HFNN_PROFILE_DIR
+it starts hfnn's in-process collector (profiles/collector.cpp), passes it what the database
 records about the run, and makes sure the part is written however the script ends: normal exit,
 an exception, Ctrl-C or SIGTERM (each step also rewrites it, so even a crash leaves the steps
 finished before it).
@@ -88,4 +89,9 @@ def _install() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
-_install()
+if os.environ.get("HFNN_DISPATCH_DB"):
+    from ._dispatch import install as _install_dispatch
+
+    _install_dispatch(os.environ["HFNN_DISPATCH_DB"])
+if os.environ.get("HFNN_PROFILE_DIR"):
+    _install()

@@ -1,0 +1,92 @@
+"""HFNN_DISPATCH_DB: train with the winners `hfnn tune` stored, no code change.
+
+    HFNN_DISPATCH_DB=shapes.db python train.py      (or the same under torchrun)
+
+The start-up hook (hfnn_startup.pth -> hfnn._startup) calls install() in every Python process when
+the variable is set. The op library reads the table once into memory and registers its kernels
+over torch's aten::native_layer_norm and its backward, so every LayerNorm (nn.LayerNorm,
+F.layer_norm, custom modules calling them) runs the winner for its shape on this GPU, under
+torch's own autograd, autocast and CUDA graphs. A key without a winner runs torch's kernel
+(HFNN_DISPATCH_POLICY=torch, the default) or hfnn's built-in choice (=heuristic).
+
+Nothing here stops training: a missing, corrupt or foreign database, one tuned on another GPU or
+torch, or an input no kernel takes means torch's kernel and one warning on stderr. HFNN_STRICT=1
+makes each of those an error instead (start-up problems end the process with exit code 1).
+HFNN_VERBOSE=1 prints what ran at exit (hfnn.dispatch_stats() returns the same).
+
+torch.compile: Inductor decomposes LayerNorm into its own generated kernels, so compiled regions
+trace through and run Inductor's code, not the table's; eager regions keep the table.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+
+
+def _fail_or_warn(message: str, strict: bool) -> None:
+    if strict:
+        print(f"hfnn: HFNN_STRICT=1: {message}", file=sys.stderr, flush=True)
+        os._exit(1)  # at start-up, before the script: one line, no traceback
+    print(f"hfnn: {message}", file=sys.stderr, flush=True)
+
+
+def install(path: str) -> dict:
+    """Loads the table at `path` and routes LayerNorm through it; returns the load status."""
+    import torch
+
+    from . import __version__, _ops
+
+    strict = os.environ.get("HFNN_STRICT") == "1"
+    policy = os.environ.get("HFNN_DISPATCH_POLICY", "torch")
+    if policy not in ("torch", "heuristic"):
+        _fail_or_warn(f"HFNN_DISPATCH_POLICY={policy}: expected torch or heuristic; using torch", strict)
+        policy = "torch"
+    if not _ops.available:
+        _fail_or_warn(f"HFNN_DISPATCH_DB is set but {_ops.ops_error()}; LayerNorm runs torch's kernels", strict)
+        return {"ok": False, "problem": _ops.ops_error()}
+    status = json.loads(torch.ops.hfnn.dispatch_load(path, torch.__version__, torch.version.cuda or "", __version__,
+                                                     policy, strict))
+    if not status["ok"]:
+        _fail_or_warn(f"{status['problem']}; LayerNorm runs torch's kernels", strict)
+    for note in status["notes"]:
+        _fail_or_warn(note, strict)
+    if os.environ.get("HFNN_VERBOSE") == "1":
+        if status["ok"]:
+            print(f"hfnn: LayerNorm dispatch from {path}: {status['keys']} tuned key(s) for {', '.join(status['gpus'])}"
+                  f"; untuned shapes run {'torch' if policy == 'torch' else 'the built-in choice'}", file=sys.stderr)
+        atexit.register(lambda: print(summary(dispatch_stats()), file=sys.stderr))
+    return status
+
+
+def dispatch_stats() -> dict:
+    """What LayerNorm calls ran under HFNN_DISPATCH_DB: {"active", "db", "policy", "strict", "gpus",
+    "keys", "calls": {"fwd"|"bwd": {kernel: n}}, "fallbacks": {"fwd"|"bwd": {reason: n}}}, where
+    "torch" in calls counts every call torch's kernel ran and fallbacks says why."""
+    from . import _ops
+
+    if not _ops.available:
+        return {"active": False, "db": "", "calls": {"fwd": {}, "bwd": {}}, "fallbacks": {"fwd": {}, "bwd": {}}}
+    import torch
+
+    return json.loads(torch.ops.hfnn.dispatch_stats())
+
+
+def summary(stats: dict) -> str:
+    """One screen: per pass, the calls per kernel and the fall-backs with their reasons."""
+    if not stats.get("active"):
+        return "hfnn: LayerNorm dispatch is off (HFNN_DISPATCH_DB not set)"
+    lines = [f"hfnn: LayerNorm dispatch from {stats['db']} ({stats['keys']} tuned key(s); policy {stats['policy']})"]
+    for pass_, title in (("fwd", "forward"), ("bwd", "backward")):
+        calls = stats["calls"][pass_]
+        total = sum(calls.values())
+        if not total:
+            continue
+        ran = ", ".join(f"{name} {n} ({100 * n / total:.0f}%)" for name, n in sorted(calls.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {title}: {total} calls: {ran}")
+        for reason, n in sorted(stats["fallbacks"][pass_].items(), key=lambda kv: -kv[1]):
+            lines.append(f"    torch because {reason}: {n}")
+    if len(lines) == 1:
+        lines.append("  no LayerNorm calls")
+    return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""HFNN_DISPATCH_DB: training with the tuned winners and no code change, and every fault that must
+not stop training. The tables come from a real `hfnn profile` of tiny_train.py and `hfnn tune`
+with the stand-in worker (tests/python/scripts/fake_tune_worker.py) saying this machine's versions,
+so they are the tables the real chain writes; on a GPU the winners are real variants and the
+calls are checked to run them."""
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hfnn
+from conftest import requires_gpu
+
+HFNN = shutil.which("hfnn")
+SCRIPTS = Path(__file__).parent / "scripts"
+TRAIN = SCRIPTS / "dispatch_train.py"
+pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
+
+
+def tuned_db(path, device="cpu", fwd="fwd_block", bwd="bwd_block", good_us="50", **hello):
+    """shapes.db with a profile of tiny_train.py and winners tuned for this machine's versions (and
+    its GPU, on one): fwd/bwd win both keys unless good_us makes torch the winner."""
+    out = subprocess.run([HFNN, "profile", "-q", "--db", str(path), "--python", sys.executable,
+                          str(SCRIPTS / "tiny_train.py"), "4"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    env = dict(os.environ, HFNN_TUNE_WORKER=str(SCRIPTS / "fake_tune_worker.py"), FAKE_TUNE_TORCH=torch.__version__,
+               FAKE_TUNE_CUDA=torch.version.cuda or "", FAKE_TUNE_HFNN=hfnn.__version__, FAKE_TUNE_WINNER_FWD=fwd,
+               FAKE_TUNE_WINNER_BWD=bwd, FAKE_TUNE_GOOD_US=good_us)
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(FAKE_TUNE_GPU=props.name, FAKE_TUNE_CC=f"{props.major}.{props.minor}",
+                   FAKE_TUNE_SMS=str(props.multi_processor_count))
+    env.update(hello)
+    out = subprocess.run([HFNN, "tune", "-q", "--db", str(path), "--python", sys.executable], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+def train(db, device="cpu", steps=3, mode="", **env):
+    e = dict(os.environ, **env)
+    e.pop("HFNN_PROFILE_DIR", None)
+    if db is not None:
+        e["HFNN_DISPATCH_DB"] = str(db)
+    out = subprocess.run([sys.executable, str(TRAIN), device, str(steps), mode], capture_output=True, text=True,
+                         timeout=300, env=e)
+    stats = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    return out, stats
+
+
+def hfnn_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("hfnn")]
+
+
+def test_the_hook_does_nothing_without_the_variable():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
+    out = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules, 'hfnn' in sys.modules)"],
+                         capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "False False"
+
+
+def test_a_good_table_routes_every_layer_norm_and_counts_cpu_tensors(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db")
+    out, stats = train(db, steps=4)
+    assert out.returncode == 0, out.stderr
+    assert stats["active"] and stats["keys"] == 2 and stats["gpus"] == ["Fake GPU (sm 9.0, 132 SMs)"]
+    # nn.LayerNorm and the custom module's F.layer_norm, forward and backward, 4 steps: all CPU here.
+    assert stats["calls"] == {"fwd": {"torch": 8}, "bwd": {"torch": 8}}
+    assert stats["fallbacks"]["fwd"] == {"CPU tensor": 8}
+    lines = hfnn_lines(out.stderr)
+    assert len(lines) == 1 and "not a CUDA tensor" in lines[0]  # once, not per call
+
+
+def test_training_matches_torch_exactly_when_torch_kernels_run(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db")
+    plain, _ = train(None, steps=3)
+    routed, stats = train(db, steps=3)
+    assert plain.returncode == 0 and routed.returncode == 0
+    assert plain.stdout.splitlines()[0] == routed.stdout.splitlines()[0]  # the same loss to 6 digits
+    assert stats["calls"]["fwd"]["torch"] == 6
+
+
+@pytest.mark.parametrize("fault", ["missing", "corrupt", "foreign", "profile-only", "other-versions"])
+def test_faults_warn_once_and_training_goes_on(tmp_path, fault):
+    db = tmp_path / "shapes.db"
+    if fault == "corrupt":
+        tuned_db(db)
+        data = bytearray(db.read_bytes())
+        data[4096:12288] = b"\x5a" * 8192
+        db.write_bytes(bytes(data))
+    elif fault == "foreign":
+        with sqlite3.connect(db) as con:
+            con.execute("CREATE TABLE notes(x)")
+    elif fault == "profile-only":
+        subprocess.run([HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable,
+                        str(SCRIPTS / "tiny_train.py"), "3"], capture_output=True, timeout=120, check=True)
+    elif fault == "other-versions":
+        tuned_db(db, FAKE_TUNE_TORCH="1.13.0")
+    before = db.read_bytes() if db.exists() else None
+    out, stats = train(db, steps=2)
+    assert out.returncode == 0, out.stderr
+    lines = hfnn_lines(out.stderr)
+    expected = {"missing": "no such file", "corrupt": "corrupt", "foreign": "not an hfnn database",
+                "profile-only": "no tuned winners", "other-versions": "tuned with other versions"}[fault]
+    assert any(expected in line for line in lines), lines
+    assert any("runs torch's kernels" in line for line in lines)
+    assert stats["active"] and stats["keys"] == 0 and stats["calls"]["fwd"] == {"torch": 4}
+    assert (db.read_bytes() if db.exists() else None) == before  # read, never written
+
+
+def test_strict_mode_turns_warnings_into_errors(tmp_path):
+    out, _ = train(tmp_path / "missing.db", HFNN_STRICT="1")
+    assert out.returncode == 1 and "loss" not in out.stdout
+    assert out.stderr.strip().count("\n") == 0 and "HFNN_STRICT=1" in out.stderr and "no such file" in out.stderr
+    db = tuned_db(tmp_path / "shapes.db")
+    out, _ = train(db, HFNN_STRICT="1")  # a good table, but the input is a CPU tensor
+    assert out.returncode != 0 and "HFNN_STRICT=1" in out.stderr and "not a CUDA tensor" in out.stderr
+
+
+def test_verbose_prints_a_summary_at_exit(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db")
+    out, _ = train(db, HFNN_VERBOSE="1")
+    assert out.returncode == 0
+    assert "LayerNorm dispatch from" in out.stderr and "torch because CPU tensor: 6" in out.stderr
+
+
+def test_many_processes_open_the_same_table_at_once(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db")
+    env = dict(os.environ, HFNN_DISPATCH_DB=str(db))
+    procs = [subprocess.Popen([sys.executable, str(TRAIN), "cpu", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(6)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
+    assert all(json.loads(r[0].splitlines()[-1])["keys"] == 2 for r in results)
+
+
+def test_checkpoints_save_and_load_under_dispatch(tmp_path):
+    out, stats = train(tuned_db(tmp_path / "shapes.db"), mode="checkpoint")
+    assert out.returncode == 0, out.stderr and stats["active"]
+
+
+@requires_gpu
+def test_on_the_gpu_the_winners_run(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db", device="cuda")
+    out, stats = train(db, device="cuda", steps=4)
+    assert out.returncode == 0, out.stderr
+    assert stats["calls"] == {"fwd": {"fwd_block": 8}, "bwd": {"bwd_block": 8}}, stats
+    assert hfnn_lines(out.stderr) == []
+    plain, _ = train(None, device="cuda", steps=4)
+    assert abs(float(plain.stdout.split()[1]) - float(out.stdout.split()[1])) < 1e-4
+
+
+@requires_gpu
+def test_on_the_gpu_torch_stays_where_it_won_and_untuned_shapes_follow_the_policy(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db", device="cuda", good_us="99")  # within the noise: torch wins
+    out, stats = train(db, device="cuda", steps=2)
+    assert stats["fallbacks"]["fwd"] == {"torch won the tuning": 4}, stats
+    other = tuned_db(tmp_path / "other.db", device="cuda")
+    with sqlite3.connect(other) as con:  # forget the non-affine key: untuned now
+        con.execute("DELETE FROM tune_winners WHERE key LIKE '%affine=0'")
+    _, torch_policy = train(other, device="cuda", steps=2)
+    assert torch_policy["calls"]["fwd"] == {"fwd_block": 2, "torch": 2}
+    assert torch_policy["fallbacks"]["fwd"] == {"shape not tuned": 2}
+    _, heuristic = train(other, device="cuda", steps=2, HFNN_DISPATCH_POLICY="heuristic")
+    assert "torch" not in heuristic["calls"]["fwd"] and sum(heuristic["calls"]["fwd"].values()) == 4
+
+
+@requires_gpu
+@pytest.mark.parametrize("mode", ["to_hfnn", "autocast", "graph"])
+def test_on_the_gpu_to_hfnn_autocast_and_cuda_graphs_use_the_table(tmp_path, mode):
+    db = tuned_db(tmp_path / "shapes.db", device="cuda")
+    out, stats = train(db, device="cuda", steps=2, mode=mode)
+    assert out.returncode == 0, out.stderr
+    assert set(stats["calls"]["fwd"]) == {"fwd_block"} and set(stats["calls"]["bwd"]) == {"bwd_block"}, stats
+
+
+@requires_gpu
+def test_on_the_gpu_torch_compile_traces_through(tmp_path):
+    db = tuned_db(tmp_path / "shapes.db", device="cuda")
+    out, stats = train(db, device="cuda", steps=2, mode="compile")
+    assert out.returncode == 0, out.stderr
+    # Inductor generates its own LayerNorm: the compiled region never calls the table's kernels.
+    assert stats["calls"]["fwd"].get("fwd_block", 0) == 0
