@@ -7,7 +7,11 @@
 #   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
 #   bench-profile  bench/profile.py: the profiler's overhead and agreement with torch.profiler
 #   torchrun  `hfnn profile -- torchrun` of the Evoformer example on every GPU (NCCL): one DB
-# The logs end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
+#   tune-bench  bench/tune.py: hfnn tune's time per key and the stability of its winners
+#   overhead  bench/dispatch_overhead.py: HFNN_DISPATCH_DB's CPU cost per LayerNorm call
+#   e2e       bench/e2e.py: profile, tune, train with torch and with HFNN_DISPATCH_DB (fp32, bf16)
+#   e2e-multi bench/e2e.py under torchrun on every GPU of the machine
+# The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
 # (scripts/device_prepare.sh).
@@ -107,9 +111,29 @@ if want torchrun; then
   tail -40 "$OUT/torchrun.log"
   hfnn report --db "$OUT/ddp.db" --format json -o "$OUT/profile-torchrun-$gpu.json" || status=1
 fi
+if want tune-bench; then
+  python3 bench/tune.py --out "$OUT/tune-$gpu.json" > "$OUT/tune-bench.log" 2>&1 || status=1
+  tail -12 "$OUT/tune-bench.log"
+fi
+if want overhead; then
+  python3 bench/dispatch_overhead.py --out "$OUT/dispatch-overhead-$gpu.json" 2>&1 | tee "$OUT/overhead.log" | head -5 || status=1
+fi
+if want e2e; then
+  for dtype in float32 bfloat16; do
+    python3 bench/e2e.py --dtype $dtype --out "$OUT/e2e-$gpu-$dtype.json" --plot "$OUT/e2e-$gpu-$dtype.svg" \
+      > "$OUT/e2e-$dtype.log" 2>&1 || status=1
+    tail -22 "$OUT/e2e-$dtype.log"
+  done
+fi
+if want e2e-multi; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  python3 bench/e2e.py --nproc "$ngpu" --out "$OUT/e2e-$gpu-x$ngpu.json" --plot "$OUT/e2e-$gpu-x$ngpu.svg" \
+    > "$OUT/e2e-multi.log" 2>&1 || status=1
+  tail -22 "$OUT/e2e-multi.log"
+fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
   python3 bench/layer_norm.py --out "$OUT/layer_norm-$gpu.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -70 || status=1
 fi
-(cd "$OUT" && mv env.txt env.log && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+(cd "$OUT" && mv env.txt env.log && tar czf logs.tar.gz ./*.log $(ls ./*.svg 2>/dev/null) && rm -f ./*.log ./*.svg)
 exit $status

@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <atomic>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -214,6 +215,19 @@ void note_unsupported(bool backward, const std::string& reason, bool cpu) {
   rt.warn_once("unsupported:" + reason, "a LayerNorm input runs torch's kernel, not a tuned one: " + reason);
 }
 
+// A CPU tensor under HFNN_DISPATCH_DB: counted, and warned about once without building a message
+// per call (CPU LayerNorms can be many and small).
+void note_cpu(bool backward) {
+  static std::atomic<bool> warned{false};
+  auto& rt = dispatch::Runtime::get();
+  if (rt.strict() || !warned.load(std::memory_order_relaxed)) {
+    note_unsupported(backward, "the input is not a CUDA tensor", true);
+    warned.store(true, std::memory_order_relaxed);
+  } else {
+    rt.count_fallback(backward, dispatch::Fallback::kCpuTensor);
+  }
+}
+
 Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                 const std::optional<Tensor>& bias, double eps, c10::string_view variant, Caller caller) {
   const auto [rows, cols] = rows_cols(input, normalized_shape);
@@ -330,12 +344,21 @@ Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
 // anything that calls them) comes here, with autograd and autocast still torch's.
 Triple aten_fwd(const Tensor& input, c10::SymIntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                 const std::optional<Tensor>& bias, double eps) {
+  if (input.is_cpu()) {
+    note_cpu(false);
+    return at::native::layer_norm_cpu(input, C10_AS_INTARRAYREF_SLOW(normalized_shape), weight, bias, eps);
+  }
   return fwd_impl(input, C10_AS_INTARRAYREF_SLOW(normalized_shape), weight, bias, eps, "", Caller::kAten);
 }
 
 Triple aten_bwd(const Tensor& grad_out, const Tensor& input, c10::SymIntArrayRef normalized_shape, const Tensor& mean,
                 const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                 std::array<bool, 3> output_mask) {
+  if (input.is_cpu()) {
+    note_cpu(true);
+    return at::native::layer_norm_backward_cpu(grad_out, input, C10_AS_INTARRAYREF_SLOW(normalized_shape), mean, rstd,
+                                               weight, bias, output_mask);
+  }
   return bwd_impl(grad_out, input, C10_AS_INTARRAYREF_SLOW(normalized_shape), mean, rstd, weight, bias, output_mask, "",
                   Caller::kAten);
 }

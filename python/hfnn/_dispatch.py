@@ -56,8 +56,14 @@ def install(path: str) -> dict:
         if status["ok"]:
             print(f"hfnn: LayerNorm dispatch from {path}: {status['keys']} tuned key(s) for {', '.join(status['gpus'])}"
                   f"; untuned shapes run {'torch' if policy == 'torch' else 'the built-in choice'}", file=sys.stderr)
-        atexit.register(lambda: print(summary(dispatch_stats()), file=sys.stderr))
+        atexit.register(_print_summary)
     return status
+
+
+def _print_summary() -> None:
+    stats = dispatch_stats()
+    if any(stats["calls"][p] for p in ("fwd", "bwd")):  # a launcher (torchrun) runs no LayerNorm: stay quiet
+        print(summary(stats), file=sys.stderr)
 
 
 def dispatch_stats() -> dict:

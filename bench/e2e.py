@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The end-to-end proof: profile, tune, then train with and without HFNN_DISPATCH_DB.
+
+    python3 bench/e2e.py --out bench/results/e2e-h200.json                # one GPU
+    python3 bench/e2e.py --nproc 2 --out bench/results/e2e-h200-x2.json   # torchrun, two GPUs
+
+On the bundled Evoformer example (full size), same seed and data in every run:
+  1. hfnn profile   the example (under torchrun with --nproc > 1) -> shapes.db
+  2. hfnn tune      its LayerNorm keys; the projected speed-up comes from here
+  3. train --steps with torch's kernels, then the same with HFNN_DISPATCH_DB=shapes.db, alternating
+     --repeats times so drift in clocks or temperature hits both alike
+The result is a JSON object: gpu, world_size, dtype, steps, torch_step_ms, hfnn_step_ms (medians
+over every timed step of every repeat), measured_speedup, projected_speedup, projection_error_pct,
+max_loss_diff (largest difference of the loss at the same step), both loss curves and step times,
+and what the dispatcher ran (HFNN_VERBOSE's summary). --plot writes an SVG of step time and loss.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "evoformer.py"
+
+
+def run(cmd, env=None, cwd=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    if out.returncode != 0:
+        sys.exit(f"bench/e2e.py: {' '.join(map(str, cmd[:6]))}... failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return out
+
+
+def launcher(nproc, port):
+    if nproc == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+            "--master_port", str(port)]
+
+
+def svg_plot(torch_run, hfnn_run, title):
+    """Two panels, step time and loss per step, torch (grey) against hfnn (blue): plain SVG."""
+    w, h, pad = 420, 220, 40
+
+    def panel(x0, series, label):
+        values = [v for s in series for v in s]
+        lo, hi = min(values), max(values)
+        hi = hi if hi > lo else lo + 1
+        n = max(len(s) for s in series)
+        out = [f'<text x="{x0 + w / 2}" y="18" text-anchor="middle" font-size="13">{label}</text>',
+               f'<rect x="{x0 + pad}" y="{pad - 10}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" '
+               f'stroke="#adb5bd"/>',
+               f'<text x="{x0 + pad - 4}" y="{pad - 6}" text-anchor="end" font-size="10">{hi:.3g}</text>',
+               f'<text x="{x0 + pad - 4}" y="{h - pad - 10}" text-anchor="end" font-size="10">{lo:.3g}</text>']
+        for s, color in zip(series, ["#868e96", "#1c7ed6"]):
+            pts = " ".join(f"{x0 + pad + i * (w - 2 * pad) / max(1, n - 1):.1f},"
+                           f"{pad - 10 + (h - 2 * pad) * (1 - (v - lo) / (hi - lo)):.1f}" for i, v in enumerate(s))
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
+        return out
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{h + 30}" font-family="sans-serif">',
+             f'<text x="{w}" y="{h + 20}" text-anchor="middle" font-size="12">{title} — grey: torch, blue: hfnn '
+             f'(HFNN_DISPATCH_DB)</text>']
+    parts += panel(0, [torch_run["step_ms"], hfnn_run["step_ms"]], "step time (ms)")
+    parts += panel(w, [torch_run["loss"], hfnn_run["loss"]], "loss")
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=1, help="GPUs (torchrun) for every step")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps of each training run")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2, help="torch/hfnn run pairs, alternating")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--plot", type=Path, help="write an SVG of step time and loss here")
+    args = ap.parse_args()
+    hfnn = shutil.which("hfnn")
+    if hfnn is None:
+        sys.exit("bench/e2e.py: the hfnn command is not on PATH: run scripts/setup.sh")
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="hfnn-e2e-"))
+    db = work / "shapes.db"
+    base_env = {k: v for k, v in os.environ.items() if k not in ("HFNN_DISPATCH_DB", "HFNN_PROFILE_DIR")}
+    example = [str(EXAMPLE), "--dtype", args.dtype]
+    port = 29600
+
+    # 1. profile, 2. tune
+    run([hfnn, "profile", "-q", "--db", str(db), "--warmup", "3", "--steps", "10", "--", *launcher(args.nproc, port),
+         *example, "--steps", "10", "--warmup", "3"], env=base_env, cwd=work)
+    tune = run([hfnn, "tune", "--db", str(db), "--python", sys.executable], env=base_env)
+    print(tune.stdout, flush=True)
+    report = json.loads(run([hfnn, "report", "--db", str(db), "--format", "json"]).stdout)
+    envs = report["tune"]["envs"]
+    projection = envs[0]["projection"] if envs and "projection" in envs[0] else None
+
+    # 3. train, alternating torch and hfnn
+    runs = {"torch": [], "hfnn": []}
+    summary = ""
+    for r in range(args.repeats):
+        for mode in ("torch", "hfnn"):
+            out_json = work / f"{mode}-{r}.json"
+            env = dict(base_env)
+            if mode == "hfnn":
+                env.update(HFNN_DISPATCH_DB=str(db), HFNN_VERBOSE="1")
+            port += 1
+            out = run([*launcher(args.nproc, port), *example, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                       "--json", str(out_json)], env=env, cwd=work)
+            if mode == "hfnn":
+                summary = "\n".join(line for line in out.stderr.splitlines() if line.startswith(("hfnn", "  ", "    ")))
+            runs[mode].append(json.loads(out_json.read_text()))
+            print(f"{mode} run {r + 1}: median {runs[mode][-1]['median_step_ms']:.2f} ms", flush=True)
+
+    torch_ms = statistics.median(t for run_ in runs["torch"] for t in run_["step_ms"])
+    hfnn_ms = statistics.median(t for run_ in runs["hfnn"] for t in run_["step_ms"])
+    measured = torch_ms / hfnn_ms
+    projected = projection["speedup"] if projection else None
+    loss_diff = max(abs(a - b) for a, b in zip(runs["torch"][0]["loss"], runs["hfnn"][0]["loss"]))
+    gpu = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
+    result = {
+        "gpu": gpu, "torch": torch.__version__, "date": dt.date.today().isoformat(),
+        "example": EXAMPLE.name, "dtype": args.dtype, "world_size": args.nproc, "steps": args.steps,
+        "repeats": args.repeats,
+        "torch_step_ms": round(torch_ms, 3), "hfnn_step_ms": round(hfnn_ms, 3),
+        "measured_speedup": round(measured, 4), "projected_speedup": round(projected, 4) if projected else None,
+        "projection_error_pct": round(100 * (projected / measured - 1), 2) if projected else None,
+        "max_loss_diff": loss_diff,
+        "profile_step_ms": projection["step_ms"] if projection else None,
+        "projected_saved_ms": projection["saved_ms"] if projection else None,
+        "tune_table": envs[0]["rows"] if envs else [],
+        "dispatch_summary": summary,
+        "runs": {m: [{"median_step_ms": x["median_step_ms"], "step_ms": x["step_ms"], "loss": x["loss"]} for x in v]
+                 for m, v in runs.items()},
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if args.plot:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        args.plot.write_text(svg_plot(runs["torch"][0], runs["hfnn"][0],
+                                      f"Evoformer {args.dtype}, {gpu} x{args.nproc}: "
+                                      f"{torch_ms:.1f} -> {hfnn_ms:.1f} ms/step ({measured:.3f}x)"))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "tune_table")}, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
