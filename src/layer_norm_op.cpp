@@ -232,7 +232,6 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
                 const std::optional<Tensor>& bias, double eps, c10::string_view variant, Caller caller) {
   const auto [rows, cols] = rows_cols(input, normalized_shape);
   std::string reason = unsupported_reason(input, weight, bias, rows, cols);
-  if (reason.empty() && caller == Caller::kAten && !input.is_contiguous()) reason = "the input is not contiguous";
   if (!reason.empty()) {
     TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant), "' cannot run: ", reason);
     note_unsupported(false, reason, !input.is_cuda());
@@ -274,8 +273,6 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
                 std::array<bool, 3> output_mask, c10::string_view variant, Caller caller) {
   const auto [rows, cols] = rows_cols(input, normalized_shape);
   std::string reason = unsupported_reason(input, weight, bias, rows, cols);
-  if (reason.empty() && caller == Caller::kAten && !(input.is_contiguous() && grad_out.is_contiguous()))
-    reason = "the input or its gradient is not contiguous";
   if (reason.empty() && (grad_out.scalar_type() != input.scalar_type() || !grad_out.sizes().equals(input.sizes())))
     reason = "grad_out differs from the input in dtype or shape";
   if (reason.empty() && (mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
