@@ -9,13 +9,19 @@ seed's whole table to tune (bench/tune.py uses it beside the Evoformer example).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
-import torch
+# Run as a script, this folder is sys.path[0]: keep it from shadowing the standard library (torch
+# imports `profile`), and load the seed table from bench/layer_norm.py by path.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from layer_norm import EXTRA_SHAPES, SEED_SHAPES  # noqa: E402
+_spec = importlib.util.spec_from_file_location("bench_layer_norm", Path(__file__).resolve().parent / "layer_norm.py")
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+SEED_SHAPES, EXTRA_SHAPES = _bench.SEED_SHAPES, _bench.EXTRA_SHAPES
 
 
 def main() -> None:

@@ -2,10 +2,11 @@
 # One call on the GPU machine: install hfnn, run every test, benchmark, run the examples; results
 # and logs under $OUT. Stages to run are the arguments (default: all):
 #   tests     C++ variant tests (gtest) and the Python tests, GPU ones included
+#   tests-quick  gtest and the LayerNorm and dispatch Python tests only (about 3 minutes less)
 #   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
 #   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
-#   bench-profile  bench/profile.py: the profiler's overhead and agreement with torch.profiler
+#   bench-profile  bench/profiler_cost.py: the profiler's overhead and agreement with torch.profiler
 #   torchrun  `hfnn profile -- torchrun` of the Evoformer example on every GPU (NCCL): one DB
 #   tune-bench  bench/tune.py: hfnn tune's time per key and the stability of its winners
 #   overhead  bench/dispatch_overhead.py: HFNN_DISPATCH_DB's CPU cost per LayerNorm call
@@ -69,6 +70,11 @@ pathlib.Path(out).write_text(json.dumps({
 }, indent=1) + "\n")
 PY
 fi
+if want tests-quick; then
+  "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED) |Failure" || true
+  timeout 240 python3 -m pytest tests/python/test_layer_norm.py tests/python/test_dispatch.py -q -p no:cacheprovider \
+    2>&1 | tee "$OUT/pytest-quick.log" | tail -6; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 if want examples && [ -f examples/evoformer.py ]; then
   # One JSON and one log for all four runs: the device tool brings back at most 8 files.
   runs=$(mktemp -d)
@@ -98,8 +104,8 @@ if want profile && [ -f examples/evoformer.py ]; then
   ls -l "$OUT/shapes.db"
 fi
 if want bench-profile; then
-  # The profiler's cost and its agreement with torch.profiler (bench/profile.py), one JSON.
-  python3 bench/profile.py --out "$OUT/profile-$gpu.json" > "$OUT/bench-profile.log" 2>&1 || status=1
+  # The profiler's cost and its agreement with torch.profiler (bench/profiler_cost.py), one JSON.
+  python3 bench/profiler_cost.py --out "$OUT/profile-$gpu.json" > "$OUT/bench-profile.log" 2>&1 || status=1
   tail -20 "$OUT/bench-profile.log"
 fi
 if want torchrun; then

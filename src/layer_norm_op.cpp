@@ -240,16 +240,13 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
 #if HFNN_KERNELS
   const c10::cuda::CUDAGuard guard(input.device());
   const Tensor x = input.contiguous();
-  Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
-  Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  // The variant is chosen before any output is allocated (x stands in for y: both come from
+  // torch's allocator), so a call that runs torch's kernel pays for the choice and nothing more.
   k::FwdParams p;
   p.x = x.data_ptr();
   p.gamma = data_or_null(weight);
   p.beta = data_or_null(bias);
-  p.y = y.data_ptr();
-  p.mean = mean.data_ptr<float>();
-  p.rstd = rstd.data_ptr<float>();
+  p.y = x.data_ptr();
   p.rows = rows;
   p.cols = cols;
   p.eps = static_cast<float>(eps);
@@ -260,6 +257,12 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
           ? table_choice<k::FwdVariant>(p, false, input.get_device(), affine, caller, k::fwd_variants(), default_fwd)
           : choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, default_fwd);
   if (!v) return torch_fwd(input, normalized_shape, weight, bias, eps);
+  Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
+  Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  p.y = y.data_ptr();
+  p.mean = mean.data_ptr<float>();
+  p.rstd = rstd.data_ptr<float>();
   check_launch(v->run(p, at::cuda::getCurrentCUDAStream()), v->name);
   const auto shape = stat_shape(input, normalized_shape);
   return {y, mean.view(shape), rstd.view(shape)};
@@ -290,18 +293,16 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
   const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
   const bool has_weight = weight.has_value() && weight->defined();
   const bool has_bias = bias.has_value() && bias->defined();
-  Tensor dx = output_mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : Tensor();
-  Tensor dgamma = output_mask[1] && has_weight ? at::empty_like(*weight) : Tensor();
-  Tensor dbeta = output_mask[2] && has_bias ? at::empty_like(*bias) : Tensor();
+  // Chosen before the outputs exist, as in the forward: stand-ins from torch's allocator.
   k::BwdParams p;
   p.dy = dy.data_ptr();
   p.x = x.data_ptr();
   p.mean = mean_c.data_ptr<float>();
   p.rstd = rstd_c.data_ptr<float>();
   p.gamma = data_or_null(weight);
-  p.dx = dx.defined() ? dx.data_ptr() : nullptr;
-  p.dgamma = dgamma.defined() ? dgamma.data_ptr() : nullptr;
-  p.dbeta = dbeta.defined() ? dbeta.data_ptr() : nullptr;
+  p.dx = output_mask[0] ? x.data_ptr() : nullptr;
+  p.dgamma = output_mask[1] && has_weight ? weight->data_ptr() : nullptr;
+  p.dbeta = output_mask[2] && has_bias ? bias->data_ptr() : nullptr;
   p.rows = rows;
   p.cols = cols;
   p.dtype = *kernel_dtype(x.scalar_type());
@@ -312,6 +313,12 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
           ? table_choice<k::BwdVariant>(p, true, input.get_device(), affine, caller, k::bwd_variants(), default_bwd)
           : choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, default_bwd);
   if (!v) return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+  Tensor dx = output_mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : Tensor();
+  Tensor dgamma = output_mask[1] && has_weight ? at::empty_like(*weight) : Tensor();
+  Tensor dbeta = output_mask[2] && has_bias ? at::empty_like(*bias) : Tensor();
+  p.dx = dx.defined() ? dx.data_ptr() : nullptr;
+  p.dgamma = dgamma.defined() ? dgamma.data_ptr() : nullptr;
+  p.dbeta = dbeta.defined() ? dbeta.data_ptr() : nullptr;
   const std::size_t bytes = v->workspace_bytes(p);
   Tensor workspace;
   if (bytes > 0) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What `hfnn profile` costs and how well it agrees with torch.profiler, on a bundled example.
 
-    python3 bench/profile.py --out bench/results/profile-h200.json        # on a GPU machine
-    python3 bench/profile.py --size small --steps 5                        # a quick look on a CPU
+    python3 bench/profiler_cost.py --out bench/results/profile-h200.json        # on a GPU machine
+    python3 bench/profiler_cost.py --size small --steps 5                        # a quick look on a CPU
 
 Four runs of the example (examples/evoformer.py by default), same seed and data:
   plain        the example alone: its median step time is the reference
@@ -52,7 +52,7 @@ json.dump(rows, open(out, "w"))
 def run(cmd, cwd):
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if out.returncode != 0:
-        sys.exit(f"bench/profile.py: {' '.join(map(str, cmd[:4]))}... failed:\n{out.stderr[-3000:]}")
+        sys.exit(f"bench/profiler_cost.py: {' '.join(map(str, cmd[:4]))}... failed:\n{out.stderr[-3000:]}")
     return out
 
 
@@ -70,7 +70,7 @@ def main():
     args = ap.parse_args()
     hfnn = shutil.which("hfnn")
     if hfnn is None:
-        sys.exit("bench/profile.py: the hfnn command is not on PATH: run scripts/setup.sh")
+        sys.exit("bench/profiler_cost.py: the hfnn command is not on PATH: run scripts/setup.sh")
 
     import torch
 
