@@ -148,6 +148,16 @@ std::optional<ShapeKey> scope_shape(std::string_view name) {
 struct OpTotals {
   int64_t calls = 0, total_ns = 0, self_ns = 0;
   int64_t cuda_self_ns = 0, cuda_total_ns = 0;  // kernels launched by the op itself / inside it
+  const std::string* forward_op = nullptr;       // backward nodes: the forward op that made them
+  const std::string* name = nullptr;             // the op's own name (its key in State::ops), once looked up
+};
+
+// The forward op behind an autograd sequence number: the op that created the backward node, or
+// the op enclosing it (aten::layer_norm around aten::native_layer_norm). Ops share a number until
+// a node takes it, so among ops with one number the enclosing or the latest one is kept.
+struct SeqOp {
+  const std::string* name = nullptr;
+  int64_t start_ns = 0, end_ns = 0;
 };
 
 struct Frame {
@@ -187,6 +197,7 @@ struct State {
   int64_t last_write_ns = 0;
   std::vector<double> step_ms;
   std::map<std::pair<std::string, std::string>, OpTotals> ops;  // (name, phase)
+  std::unordered_map<int64_t, SeqOp> seq_ops;  // this step's forward ops by sequence number
   std::map<ShapeKey, OpTotals> shapes;
   std::map<std::string, KernelTotals> kernels;
   // GPU busy time of each recorded step: the union of its CUDA records' intervals (overlapping
@@ -240,6 +251,7 @@ nlohmann::json part_json(const State& s) {
   for (const auto& [key, t] : s.ops) {
     nlohmann::json o = {{"name", key.first}, {"phase", key.second}, {"calls", t.calls},
                         {"cpu_total_us", t.total_ns / 1e3}, {"cpu_self_us", t.self_ns / 1e3}};
+    if (t.forward_op) o["forward_op"] = *t.forward_op;
     if (s.gpu) {
       o["cuda_total_us"] = t.cuda_total_ns / 1e3;
       o["cuda_self_us"] = t.cuda_self_ns / 1e3;
@@ -349,6 +361,7 @@ void boundary_locked(State& s) {
   const int64_t t = now_ns();
   ++s.boundaries;
   attribute_locked(s, false);
+  s.seq_ops.clear();  // a step's backward follows its forward: the map stays one step small
   if (s.boundaries <= s.warmup) {  // warm-up: forget what was seen so far
     s.ops.clear();
     ++s.generation;
@@ -443,6 +456,19 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     ++t.calls;
     t.total_ns += total;
     t.self_ns += total - f.child_ns;
+    if (const int64_t seq = fn.seqNr(); seq >= 0 && totals != &scope_sink) {
+      if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+        if (!t.forward_op)
+          if (const auto it = s.seq_ops.find(seq); it != s.seq_ops.end()) t.forward_op = it->second.name;
+      } else if (fn.scope() == at::RecordScope::FUNCTION && !f.backward) {
+        // std::map keys never move: the name's address is stable while `ops` holds it.
+        if (!t.name) t.name = &s.ops.find({std::string(name), "fwd"})->first.first;
+        const std::string* op_name = t.name;
+        SeqOp& known = s.seq_ops[seq];
+        const int64_t end = f.start_ns + total;
+        if (!known.name || f.start_ns <= known.start_ns || f.start_ns >= known.end_ns) known = {op_name, f.start_ns, end};
+      }
+    }
     OpTotals* shape = nullptr;
     if (f.shape) {
       shape = &s.shapes[*f.shape];

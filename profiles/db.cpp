@@ -62,6 +62,10 @@ CREATE TABLE IF NOT EXISTS tune_winners(
   PRIMARY KEY(env_id, op, key, dtype, pass));
 CREATE INDEX IF NOT EXISTS tune_results_key ON tune_results(env_id, op, key, dtype);
 )sql",
+    // 3 -> 4: a backward node's forward op (linked by autograd sequence numbers).
+    R"sql(
+ALTER TABLE op_stats ADD COLUMN forward_op TEXT NOT NULL DEFAULT '';
+)sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
@@ -215,7 +219,7 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
     Statement rank_row(db_, "INSERT INTO ranks(run_id, rank, host, pid, steps_recorded, step_boundaries) VALUES (?, ?, ?, ?, ?, ?)");
     Statement op_row(db_,
                      "INSERT INTO op_stats(run_id, rank, name, phase, calls, cpu_total_us, cpu_self_us, cuda_total_us,"
-                     " cuda_self_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                     " cuda_self_us, forward_op) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     Statement shape_row(db_,
                         "INSERT INTO shape_stats(run_id, rank, op, shape, normalized_shape, dtype, affine, phase, calls,"
                         " cpu_total_us, cuda_total_us, flags) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
@@ -238,6 +242,7 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
         op_row.bind(5, o["calls"].get<int64_t>()).bind(6, o["cpu_total_us"].get<double>()).bind(7, o["cpu_self_us"].get<double>());
         bind_optional(op_row, 8, o, "cuda_total_us");
         bind_optional(op_row, 9, o, "cuda_self_us");
+        op_row.bind(10, o.value("forward_op", std::string()));
         op_row.step();
         op_row.reset();
       }

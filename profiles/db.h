@@ -15,7 +15,7 @@
 
 namespace hfnn::profiles {
 
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 
 // One line, naming the file and what would fix it.
 struct DbError : std::runtime_error {

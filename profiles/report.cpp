@@ -91,10 +91,11 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
   // Ops by self time (CUDA where recorded, else CPU), summed over ranks.
   Statement ops(db.handle(), has_cuda
                                  ? "SELECT name, phase, sum(calls), sum(cpu_self_us), sum(cpu_total_us), sum(cuda_self_us),"
-                                   " sum(cuda_total_us) FROM op_stats WHERE run_id = ? GROUP BY name, phase"
+                                   " sum(cuda_total_us), max(forward_op) FROM op_stats WHERE run_id = ? GROUP BY name, phase"
                                    " ORDER BY sum(cuda_self_us) DESC, sum(cpu_self_us) DESC"
-                                 : "SELECT name, phase, sum(calls), sum(cpu_self_us), sum(cpu_total_us), NULL, NULL"
-                                   " FROM op_stats WHERE run_id = ? GROUP BY name, phase ORDER BY sum(cpu_self_us) DESC");
+                                 : "SELECT name, phase, sum(calls), sum(cpu_self_us), sum(cpu_total_us), NULL, NULL,"
+                                   " max(forward_op) FROM op_stats WHERE run_id = ? GROUP BY name, phase"
+                                   " ORDER BY sum(cpu_self_us) DESC");
   ops.bind(1, run_id);
   const char* basis = has_cuda ? "cuda_self_us" : "cpu_self_us";
   double total_self = 0;
@@ -109,7 +110,8 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
       top.push_back({{"name", name}, {"phase", ops.column_text(1)}, {"calls", ops.column_int(2)},
                      {"cpu_self_us", ops.column_double(3)}, {"cpu_total_us", ops.column_double(4)},
                      {"cuda_self_us", has_cuda ? nlohmann::json(ops.column_double(5)) : nlohmann::json()},
-                     {"cuda_total_us", has_cuda ? nlohmann::json(ops.column_double(6)) : nlohmann::json()}});
+                     {"cuda_total_us", has_cuda ? nlohmann::json(ops.column_double(6)) : nlohmann::json()},
+                     {"forward_op", ops.column_text(7)}});
   }
   for (auto& o : top) o["share"] = total_self > 0 ? o[basis].get<double>() / total_self : 0.0;
   r["ops"] = top;
@@ -197,6 +199,10 @@ std::string report_text(const nlohmann::json& r) {
                      "phase", "calls", "self ms", "share", "total ms", cuda ? "  CPU self ms" : "");
   for (const auto& o : r["ops"]) {
     std::string name = o["name"].get<std::string>();
+    // A backward node says which forward op made it: "NativeLayerNormBackward0 <- aten::layer_norm".
+    constexpr std::string_view kNode = "autograd::engine::evaluate_function: ";
+    if (name.rfind(kNode, 0) == 0) name = name.substr(kNode.size());
+    if (const std::string fwd = o.value("forward_op", std::string()); !fwd.empty()) name += " <- " + fwd;
     if (name.size() > 48) name = name.substr(0, 45) + "...";
     out += fmt::format("  {:<48} {:>5} {:>7} {:>11.3f} {:>6.1f}% {:>12.3f}{}\n", name, o["phase"].get<std::string>(),
                        o["calls"].get<int64_t>(), o[self_key].get<double>() / 1e3, 100 * o["share"].get<double>(),
@@ -316,7 +322,7 @@ std::string report_csv(const nlohmann::json& r) {
   static const char* kColumns[] = {"section", "name",     "phase",      "calls",           "cpu_self_us",
                                    "cpu_total_us", "cuda_self_us", "cuda_total_us", "share", "shape",
                                    "normalized_shape", "dtype", "affine", "flags", "run_pct",
-                                   "rank", "steps", "mean_ms", "gpu_busy_ms", "key", "gpu", "winner",
+                                   "rank", "steps", "mean_ms", "gpu_busy_ms", "forward_op", "key", "gpu", "winner",
                                    "torch_us", "best_us", "speedup"};
   std::string out;
   for (const char* c : kColumns) out += std::string(out.empty() ? "" : ",") + c;

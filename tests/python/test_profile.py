@@ -66,6 +66,27 @@ def test_runs_accumulate_and_report_reads_them_back(tmp_path):
     assert "hfnn profile, run 2" in text_file.read_text()
 
 
+def test_backward_nodes_name_the_forward_op_that_made_them(tmp_path):
+    assert profile(tmp_path, "-q", str(SCRIPT), "4").returncode == 0
+    links = dict(rows(tmp_path / "shapes.db", "SELECT name, forward_op FROM op_stats WHERE phase = 'bwd' AND forward_op != ''"))
+    assert links["NativeLayerNormBackward0"] == "aten::layer_norm"  # through autograd's sequence numbers
+    assert links["AddmmBackward0"] == "aten::addmm" and links["ReluBackward0"] == "aten::relu"
+    report = subprocess.run([HFNN, "report", "--db", str(tmp_path / "shapes.db"), "--format", "json"], capture_output=True,
+                            text=True)
+    ops = {o["name"]: o for o in json.loads(report.stdout)["ops"]}
+    assert all(o["forward_op"] == links.get(n, o["forward_op"]) for n, o in ops.items())
+
+
+def test_the_database_does_not_grow_with_steps(tmp_path):
+    sizes = []
+    for steps in (10, 400):
+        out = profile(tmp_path, "-q", "--warmup", "0", "--steps", "0", str(SCRIPT), str(steps), db=f"s{steps}.db")
+        assert out.returncode == 0, out.stderr
+        sizes.append((tmp_path / f"s{steps}.db").stat().st_size)
+    assert rows(tmp_path / "s400.db", "SELECT steps_recorded FROM runs") == [(400,)]
+    assert sizes[1] <= sizes[0] + 8192 and sizes[1] < 1 << 20  # per-step rows only: a few pages at most
+
+
 def test_manual_step_marker_without_optimizer(tmp_path):
     out = profile(tmp_path, "--warmup", "0", "--steps", "0", str(SCRIPT), "5", "manual-steps")
     assert out.returncode == 0, out.stderr
@@ -258,9 +279,12 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
     db = tmp_path / "shapes.db"
     with sqlite3.connect(db) as con:  # back to schema 1: no flags column
         con.execute("ALTER TABLE shape_stats DROP COLUMN flags")
+        con.execute("ALTER TABLE op_stats DROP COLUMN forward_op")
+        for table in ("tune_winners", "tune_results", "tune_envs"):
+            con.execute(f"DROP TABLE {table}")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
-    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("3",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("4",)]
     assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
     assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
