@@ -100,13 +100,25 @@ const void* data_or_null(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr() : nullptr;
 }
 
+#if HFNN_KERNELS
+// A device guard that switches (and switches back) only when the tensor is not on the current
+// device: the common case pays one cudaGetDevice, not a set and a reset per call. Guards nest on
+// the HFNN_DISPATCH_DB path (our wrapper, then torch's kernel), so their cost adds up per call.
+struct DeviceGuard {
+  explicit DeviceGuard(const at::Tensor& t) {
+    if (t.get_device() != c10::cuda::current_device()) guard.set_device(t.device());
+  }
+  c10::cuda::OptionalCUDAGuard guard;
+};
+#endif
+
 // Torch's own kernels. Called directly, not through the dispatcher: with HFNN_DISPATCH_DB our
 // kernels are the ones registered for aten::native_layer_norm, and they fall back to these.
 Triple torch_fwd(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                  const std::optional<Tensor>& bias, double eps) {
 #if HFNN_KERNELS
   if (input.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(input.device());
+    const DeviceGuard guard(input);
     return at::native::layer_norm_cuda(input, normalized_shape, weight, bias, eps);
   }
 #endif
@@ -119,7 +131,7 @@ Triple torch_bwd(const Tensor& grad_out, const Tensor& input, at::IntArrayRef no
                  std::array<bool, 3> output_mask) {
 #if HFNN_KERNELS
   if (input.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(input.device());
+    const DeviceGuard guard(input);
     return at::native::layer_norm_backward_cuda(grad_out, input, normalized_shape, mean, rstd, weight, bias,
                                                 output_mask);
   }
@@ -238,7 +250,7 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
     return torch_fwd(input, normalized_shape, weight, bias, eps);
   }
 #if HFNN_KERNELS
-  const c10::cuda::CUDAGuard guard(input.device());
+  const DeviceGuard guard(input);
   const Tensor x = input.contiguous();
   // The variant is chosen before any output is allocated (x stands in for y: both come from
   // torch's allocator), so a call that runs torch's kernel pays for the choice and nothing more.
@@ -287,7 +299,7 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
     return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   }
 #if HFNN_KERNELS
-  const c10::cuda::CUDAGuard guard(input.device());
+  const DeviceGuard guard(input);
   const Tensor x = input.contiguous();
   const Tensor dy = grad_out.contiguous();
   const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
