@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       "\n"
       "  hfnn profile train.py ...  run a training script under the profiler; writes shapes.db and a report\n"
       "  hfnn tune                  measure torch and hfnn's kernels on the recorded shapes; store the winners\n"
+      "  HFNN_DISPATCH_DB=shapes.db python train.py   train with the winners (also under torchrun)\n"
       "  hfnn report                show a profile run again, with what tune found (text, HTML, JSON, CSV)\n"
       "  hfnn variants              list the CUDA kernel variants in this build\n"
       "\n"

@@ -393,10 +393,17 @@ void boundary_locked(State& s) {
   s.last_boundary_ns = t;
 }
 
+// Backward work: an autograd node's own record, or the engine's record around it
+// ("autograd::engine::evaluate_function: XBackward0", recorded as a plain function).
+bool is_backward_node(const at::RecordFunction& fn) {
+  return fn.scope() == at::RecordScope::BACKWARD_FUNCTION ||
+         std::string_view(fn.name()).rfind("autograd::engine::evaluate_function", 0) == 0;
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Frame f;
   f.start_ns = now_ns();
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) ++t_backward_depth;
+  if (is_backward_node(fn)) ++t_backward_depth;
   f.backward = t_backward_depth > 0;
   State& s = state();
   if (s.recording.load(std::memory_order_relaxed)) {
@@ -424,7 +431,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 #if HFNN_GPU_ACTIVITY
   if (f.pushed) CuptiActivity::pop();
 #endif
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && t_backward_depth > 0) --t_backward_depth;
+  const bool backward_node = is_backward_node(fn);
+  if (backward_node && t_backward_depth > 0) --t_backward_depth;
   const int64_t total = now_ns() - f.start_ns;
   if (!t_stack.empty()) t_stack.back().child_ns += total;
   State& s = state();
@@ -457,7 +465,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.total_ns += total;
     t.self_ns += total - f.child_ns;
     if (const int64_t seq = fn.seqNr(); seq >= 0 && totals != &scope_sink) {
-      if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+      if (backward_node) {
         if (!t.forward_op)
           if (const auto it = s.seq_ops.find(seq); it != s.seq_ops.end()) t.forward_op = it->second.name;
       } else if (fn.scope() == at::RecordScope::FUNCTION && !f.backward) {

@@ -125,6 +125,24 @@ def test_winners_results_and_the_planted_wrong_variant(db):
     assert len(csv_rows) == 4 and all(",good," in l for l in csv_rows)
 
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/setup.sh installs it on Debian)")
+def test_the_html_report_shows_the_winners_and_renders(db, tmp_path):
+    assert tune(db).returncode == 0
+    page = tmp_path / "report.html"
+    assert subprocess.run([HFNN, "report", "--db", str(db), "--format", "html", "-o", str(page)]).returncode == 0
+    html = page.read_text()
+    assert "Tuned on Fake GPU" in html and "Projected step time" in html and "<code>good</code>" in html
+    assert "<script" not in html
+    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                          "--log-level=0", "--window-size=1200,2000", f"--screenshot={tmp_path / 'r.png'}",
+                          page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert [line for line in out.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert (tmp_path / "r.png").stat().st_size > 20_000
+
+
 def test_noise_keeps_torch(db):
     # The fastest correct variant at 98.5 µs against torch's 100: within the noise, torch stays the choice.
     out = tune(db, env={"FAKE_TUNE_GOOD_US": "98.5"})
