@@ -2,6 +2,7 @@
 // on this GPU, gate them against float64, store every result and the winners, print the table
 // and the projected gain. The measuring runs in a Python worker (python/hfnn/_tune_worker.py, the
 // only part that needs torch and the GPU); judging and storing happen here (tuner/).
+#include <errno.h>
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <signal.h>
@@ -35,7 +36,12 @@ class Worker {
   // argv: the command; env HFNN_TUNE_DEVICE is set for it.
   explicit Worker(const std::vector<std::string>& argv, int device) {
     int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("cannot create pipes");
+    if (pipe(to_child) != 0) throw std::runtime_error("cannot create a pipe to the tune worker");
+    if (pipe(from_child) != 0) {
+      close(to_child[0]);
+      close(to_child[1]);
+      throw std::runtime_error("cannot create a pipe from the tune worker");
+    }
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("cannot fork");
     if (pid_ == 0) {
@@ -60,13 +66,26 @@ class Worker {
     in_ = fdopen(to_child[1], "w");
     out_ = fdopen(from_child[0], "r");
   }
+  // Closing its stdin ends the worker's loop; one that does not end (stuck in a CUDA call) is
+  // stopped, never left running on the GPU.
   ~Worker() {
     if (in_) std::fclose(in_);
     if (out_) std::fclose(out_);
-    if (pid_ > 0) {
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
+    if (pid_ <= 0) return;
+    const auto reap_within = [&](int ms) {
+      for (int waited = 0; waited <= ms; waited += 20) {
+        int status = 0;
+        const pid_t r = waitpid(pid_, &status, WNOHANG);
+        if (r == pid_ || (r < 0 && errno != EINTR)) return true;
+        usleep(20'000);
+      }
+      return false;
+    };
+    if (reap_within(10'000)) return;
+    kill(pid_, SIGTERM);
+    if (reap_within(3'000)) return;
+    kill(pid_, SIGKILL);
+    reap_within(3'000);
   }
   bool send(const nlohmann::json& j) {
     const std::string line = j.dump() + "\n";
@@ -238,16 +257,25 @@ int run_tune(const TuneOptions& o) {
   sa.sa_handler = on_interrupt;
   sigaction(SIGINT, &sa, nullptr);  // no SA_RESTART: a read from the worker returns on Ctrl-C
   signal(SIGPIPE, SIG_IGN);          // a worker that died is seen at the next read
-  Worker worker(worker_command(o), o.device);
+  std::optional<Worker> spawned;
+  try {
+    spawned.emplace(worker_command(o), o.device);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "hfnn tune: {}; {} is unchanged\n", e.what(), o.db);
+    return 1;
+  }
+  Worker& worker = *spawned;
   auto hello = worker.receive();
-  if (!hello || !hello->contains("hello")) {
-    const std::string why = hello && hello->contains("error") ? (*hello)["error"].get<std::string>()
+  if (!hello || !hello->is_object() || !hello->contains("hello") || !(*hello)["hello"].is_object()) {
+    const std::string why = hello && hello->is_object() && hello->contains("error") && (*hello)["error"].is_string()
+                                ? (*hello)["error"].get<std::string>()
                                                                : "the tune worker exited before saying hello";
     fmt::print(stderr, "hfnn tune: {}; {} is unchanged\n", why, o.db);
     return g_interrupted ? 130 : 1;
   }
   const tuner::TuneEnv tune_env = tuner::TuneEnv::from_json((*hello)["hello"]);
   int tuned = 0, skipped = 0, failed = 0;
+  bool worker_died = false;
   int64_t env = 0;
   try {
     profiles::Database db(o.db, false);  // migrates to the schema with the tune tables
@@ -266,13 +294,29 @@ int run_tune(const TuneOptions& o) {
         break;
       }
       const auto t0 = Clock::now();
-      worker.send({{"op", k.op}, {"key", k.key}, {"dtype", k.dtype}, {"passes", passes}, {"seconds", o.seconds_per_key}});
-      const auto r = worker.receive();
-      if (!r) break;  // the worker is gone (Ctrl-C reaches it too): what is stored stays
+      const bool sent =
+          worker.send({{"op", k.op}, {"key", k.key}, {"dtype", k.dtype}, {"passes", passes}, {"seconds", o.seconds_per_key}});
+      const auto r = sent ? worker.receive() : std::nullopt;
+      if (!r) {  // the worker is gone: Ctrl-C reaches it too; otherwise it died. What is stored stays.
+        if (!g_interrupted) {
+          fmt::print(stderr, "hfnn tune: the tune worker exited while measuring {} {}; {} key(s) left untuned (what "
+                             "finished is kept; run hfnn tune again to go on)\n",
+                     k.key, k.dtype, todo.size() - i);
+          worker_died = true;
+        }
+        break;
+      }
+      if (!r->is_object() || r->value("key", std::string()) != k.key || r->value("dtype", std::string()) != k.dtype) {
+        fmt::print(stderr, "hfnn tune: the tune worker answered out of turn for {} {}; stopping (what finished is kept)\n",
+                   k.key, k.dtype);
+        worker_died = true;
+        break;
+      }
       const double took = std::chrono::duration<double>(Clock::now() - t0).count();
       if (r->contains("error")) {
         ++failed;
-        fmt::print(stderr, "  {} {}: not tuned: {}\n", k.key, k.dtype, (*r)["error"].get<std::string>());
+        const auto& why = (*r)["error"];
+        fmt::print(stderr, "  {} {}: not tuned: {}\n", k.key, k.dtype, why.is_string() ? why.get<std::string>() : why.dump());
         continue;
       }
       const auto results = judge_response(*r, k.dtype, passes);
@@ -301,6 +345,9 @@ int run_tune(const TuneOptions& o) {
   } catch (const profiles::DbError& e) {
     fmt::print(stderr, "hfnn tune: {}\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // the worker's output not as agreed, a pipe or fork failing
+    fmt::print(stderr, "hfnn tune: {}; what finished is kept in {}\n", e.what(), o.db);
+    return 1;
   }
   const double total = std::chrono::duration<double>(Clock::now() - started).count();
   fmt::print("Tuned {} key(s) in {}{}{}; winners in {} (HFNN_DISPATCH_DB={} python train.py uses them)\n", tuned,
@@ -310,7 +357,7 @@ int run_tune(const TuneOptions& o) {
     fmt::print(stderr, "hfnn tune: interrupted; the {} key(s) finished are kept in {}\n", tuned, o.db);
     return 130;
   }
-  return failed ? 1 : 0;
+  return failed || worker_died ? 1 : 0;
 }
 
 }  // namespace hfnn::cli

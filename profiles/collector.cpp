@@ -197,7 +197,8 @@ struct State {
   int64_t last_write_ns = 0;
   std::vector<double> step_ms;
   std::map<std::pair<std::string, std::string>, OpTotals> ops;  // (name, phase)
-  std::unordered_map<int64_t, SeqOp> seq_ops;  // this step's forward ops by sequence number
+  // This step's forward ops by (thread, sequence number): autograd numbers ops per thread.
+  std::unordered_map<uint64_t, SeqOp> seq_ops;
   std::map<ShapeKey, OpTotals> shapes;
   std::map<std::string, KernelTotals> kernels;
   // GPU busy time of each recorded step: the union of its CUDA records' intervals (overlapping
@@ -465,14 +466,17 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.total_ns += total;
     t.self_ns += total - f.child_ns;
     if (const int64_t seq = fn.seqNr(); seq >= 0 && totals != &scope_sink) {
+      const auto seq_key = [seq](uint64_t thread) { return (thread << 40) ^ static_cast<uint64_t>(seq); };
       if (backward_node) {
         if (!t.forward_op)
-          if (const auto it = s.seq_ops.find(seq); it != s.seq_ops.end()) t.forward_op = it->second.name;
+          if (const auto it = s.seq_ops.find(seq_key(fn.forwardThreadId())); it != s.seq_ops.end())
+            t.forward_op = it->second.name;
       } else if (fn.scope() == at::RecordScope::FUNCTION && !f.backward) {
+        if (s.seq_ops.size() > (1u << 16)) s.seq_ops.clear();  // no step boundary for a long while: stay small
         // std::map keys never move: the name's address is stable while `ops` holds it.
         if (!t.name) t.name = &s.ops.find({std::string(name), "fwd"})->first.first;
         const std::string* op_name = t.name;
-        SeqOp& known = s.seq_ops[seq];
+        SeqOp& known = s.seq_ops[seq_key(fn.threadId())];
         const int64_t end = f.start_ns + total;
         if (!known.name || f.start_ns <= known.start_ns || f.start_ns >= known.end_ns) known = {op_name, f.start_ns, end};
       }

@@ -171,6 +171,16 @@ void Database::exec(const char* sql) {
 void Database::migrate_from(int version) {
   exec("BEGIN IMMEDIATE");
   try {
+    // Another process (a second rank, a tune beside a profile) may have migrated the file between
+    // our first read and this lock: read the version again under it.
+    {
+      Statement has_meta(db_, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'");
+      has_meta.step();
+      if (has_meta.column_int(0) > 0) {
+        Statement v(db_, "SELECT value FROM meta WHERE key = 'schema_version'");
+        if (v.step()) version = std::max(version, std::stoi(v.column_text(0)));
+      }
+    }
     for (int v = version; v < kSchemaVersion; ++v) exec(kMigrations[v]);
     Statement app(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES ('app', 'hfnn')");
     app.step();

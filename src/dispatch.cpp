@@ -160,10 +160,11 @@ Runtime& Runtime::get() {
 
 void Runtime::configure(std::shared_ptr<const Table> table, std::string path, Policy policy, bool strict) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (table_) retired_.push_back(table_);
   table_ = std::move(table);
   path_ = std::move(path);
-  policy_ = policy;
-  strict_ = strict;
+  policy_.store(policy, std::memory_order_relaxed);
+  strict_.store(strict, std::memory_order_relaxed);
   for (auto& d : device_map_) d.store(nullptr, std::memory_order_relaxed);
   for (auto& d : device_resolved_) d.store(false, std::memory_order_relaxed);
   active_.store(true, std::memory_order_release);
@@ -171,7 +172,12 @@ void Runtime::configure(std::shared_ptr<const Table> table, std::string path, Po
 
 const WinnerMap* Runtime::for_device(int device, const std::function<Gpu()>& props) {
   if (device < 0 || device >= kMaxDevices) return nullptr;
-  if (device_resolved_[device].load(std::memory_order_acquire)) return device_map_[device].load(std::memory_order_relaxed);
+  if (device_resolved_[device].load(std::memory_order_acquire)) {
+    const WinnerMap* map = device_map_[device].load(std::memory_order_relaxed);
+    // HFNN_STRICT=1: a GPU the table does not cover is an error at every call, not only the first.
+    if (!map && strict() && table_) warn_once("gpu", fmt::format("{} has no winners for cuda:{}", path_, device));
+    return map;
+  }
   const Gpu gpu = props();  // outside the lock: it may initialize CUDA
   std::string warning;
   {
@@ -202,7 +208,7 @@ void Runtime::count_fallback(bool backward, Fallback why) {
 }
 
 void Runtime::warn_once(const std::string& topic, const std::string& message) {
-  if (strict_) throw std::runtime_error("hfnn (HFNN_STRICT=1): " + message);
+  if (strict()) throw std::runtime_error("hfnn (HFNN_STRICT=1): " + message);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (std::find(warned_.begin(), warned_.end(), topic) != warned_.end()) return;
@@ -233,8 +239,8 @@ std::string Runtime::stats_json() const {
     for (const auto& g : table_->gpus()) gpus.push_back(g.describe());
   return nlohmann::json{{"active", active_.load()},
                         {"db", path_},
-                        {"policy", policy_ == Policy::kTorch ? "torch" : "heuristic"},
-                        {"strict", strict_},
+                        {"policy", policy() == Policy::kTorch ? "torch" : "heuristic"},
+                        {"strict", strict()},
                         {"gpus", gpus},
                         {"keys", table_ ? table_->key_count() : 0},
                         {"calls", calls},

@@ -98,8 +98,8 @@ class Runtime {
   // Installs `table` (or none, after a load error), with the policy and strictness.
   void configure(std::shared_ptr<const Table> table, std::string path, Policy policy, bool strict);
   bool active() const { return active_.load(std::memory_order_acquire); }
-  Policy policy() const { return policy_; }
-  bool strict() const { return strict_; }
+  Policy policy() const { return policy_.load(std::memory_order_relaxed); }
+  bool strict() const { return strict_.load(std::memory_order_relaxed); }
   // The winners for the device, resolving its GPU on the first call (props: the device's identity).
   const WinnerMap* for_device(int device, const std::function<Gpu()>& props);
   // What one call ran: a variant (by pass and index), or torch for a reason.
@@ -115,9 +115,11 @@ class Runtime {
   static constexpr int kMaxVariants = 64, kMaxDevices = 64;
   std::atomic<bool> active_{false};
   std::shared_ptr<const Table> table_;
+  // Tables replaced by a later configure(): kept, since another thread may still be reading one.
+  std::vector<std::shared_ptr<const Table>> retired_;
   std::string path_;
-  Policy policy_ = Policy::kTorch;
-  bool strict_ = false;
+  std::atomic<Policy> policy_{Policy::kTorch};
+  std::atomic<bool> strict_{false};
   std::array<std::atomic<const WinnerMap*>, kMaxDevices> device_map_{};
   std::array<std::atomic<bool>, kMaxDevices> device_resolved_{};
   std::array<std::array<std::atomic<int64_t>, kMaxVariants>, 2> variant_calls_{};

@@ -541,7 +541,14 @@ void register_over_aten() {
       void process(const c10::Warning&) override {}
     } quiet;
     const c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-    for (const auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::CPU}) {
+    // Without hfnn's CUDA kernels (a build without nvcc) torch keeps its CUDA kernel untouched: our
+    // fall-back would have no direct way to it and would come back here through the dispatcher.
+#if HFNN_KERNELS
+    const auto keys = {c10::DispatchKey::CUDA, c10::DispatchKey::CPU};
+#else
+    const auto keys = {c10::DispatchKey::CPU};
+#endif
+    for (const auto key : keys) {
       auto* lib = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);  // lives forever
       lib->impl("native_layer_norm", TORCH_FN(aten_fwd));
       lib->impl("native_layer_norm_backward", TORCH_FN(aten_bwd));

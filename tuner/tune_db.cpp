@@ -36,6 +36,10 @@ bool tunable(const std::string& op) {
 
 ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
   ProfiledRun r;
+  if (db.schema_version() < 2)  // opened read-only: an older file is read as it is, and shape flags came in 2
+    throw DbError(fmt::format("{}: written by an older hfnn (schema {}); run `hfnn report --db {}` once to upgrade "
+                              "it, then tune",
+                              db.path(), db.schema_version(), db.path()));
   r.id = run > 0 ? run : db.latest_run();
   if (r.id == 0) throw DbError(fmt::format("{}: has no profile runs yet; run `hfnn profile train.py` first", db.path()));
   {

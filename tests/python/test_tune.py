@@ -166,6 +166,15 @@ def test_a_second_run_skips_what_is_tuned_and_force_redoes_it(db, tmp_path):
     assert rows(db, "SELECT count(*) FROM tune_envs") == [(2,)]
 
 
+@pytest.mark.parametrize("fault", ["die", "stray"])
+def test_a_worker_that_dies_or_breaks_the_protocol_fails_the_run_and_keeps_what_finished(db, fault):
+    env = {"FAKE_TUNE_DIE_AFTER": "1"} if fault == "die" else {"FAKE_TUNE_STRAY": "1"}
+    out = tune(db, env=env)
+    assert out.returncode == 1
+    assert ("exited while measuring" if fault == "die" else "out of turn") in out.stderr
+    assert rows(db, "SELECT count(DISTINCT key) FROM tune_winners") == [(1,)]
+
+
 def test_ctrl_c_keeps_the_keys_already_tuned(db):
     env = dict(os.environ, HFNN_TUNE_WORKER=str(FAKE_WORKER), FAKE_TUNE_SLEEP="1.5")
     proc = subprocess.Popen([HFNN, "tune", "--db", str(db), "--python", sys.executable], stdout=subprocess.PIPE,

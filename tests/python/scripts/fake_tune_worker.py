@@ -4,6 +4,8 @@ printing are tested on the CPU. HFNN_TUNE_WORKER=<this file> makes hfnn tune sta
 
 FAKE_TUNE_NO_GPU=1: answers like the real worker on a machine without CUDA.
 FAKE_TUNE_SLEEP=<s>: sleeps that long per key (for Ctrl-C tests).
+FAKE_TUNE_DIE_AFTER=<n>: exits (code 7) when asked for key n + 1, as a crashed worker would.
+FAKE_TUNE_STRAY=1: prints a line of its own before the second answer (a chatty library).
 FAKE_TUNE_GPU, _CC, _SMS, _CUDA, _TORCH, _HFNN: what the hello says (the tuning environment).
 FAKE_TUNE_WINNER_FWD, FAKE_TUNE_WINNER_BWD: the name of the fast variant per pass ("good" by
 default; a real variant name makes a table HFNN_DISPATCH_DB can use); FAKE_TUNE_GOOD_US its time.
@@ -28,6 +30,10 @@ good_us = float(env("FAKE_TUNE_GOOD_US", "50"))
 for line in sys.stdin:
     req = json.loads(line)
     calls += 1
+    if calls > int(env("FAKE_TUNE_DIE_AFTER", "1000000")):
+        sys.exit(7)
+    if calls == 2 and env("FAKE_TUNE_STRAY") == "1":
+        print(json.dumps({"note": "a library printing"}), flush=True)
     time.sleep(float(os.environ.get("FAKE_TUNE_SLEEP", "0")))
     cands = []
     for p in req["passes"]:
