@@ -55,7 +55,7 @@ status=0
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name().lower(); print('h200' if 'h200' in n else 'h100' if 'h100' in n else n.split()[-1])")
 if want tests; then
   "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error" ; gtest_rc=${PIPESTATUS[0]}
-  python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15; pytest_rc=${PIPESTATUS[0]}
+  python3 -m pytest tests/python -q -p no:cacheprovider --durations=20 2>&1 | tee "$OUT/pytest.log" | tail -40; pytest_rc=${PIPESTATUS[0]}
   [ "$gtest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ] || status=1
   # The record of this GPU test run (bench/results/tests-<gpu>.json).
   python3 - "$OUT/tests-$gpu.json" "$gtest_rc" "$pytest_rc" "$OUT/gtest.log" "$OUT/pytest.log" "$installed_from" <<'PY'
