@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from _bench import require_hfnn, write_result  # noqa: E402
 
 LOOP = r"""
 import json, statistics, sys, time, torch, torch.nn.functional as F
@@ -60,7 +61,7 @@ def table(db: Path, winner: str, device: str) -> None:
         gpu = (props.name, f"{props.major}.{props.minor}", props.multi_processor_count)
     else:
         gpu = ("cpu", "0.0", 0)
-    subprocess.run([shutil.which("hfnn"), "profile", "-q", "--db", str(db), "--", sys.executable, "-c",
+    subprocess.run([require_hfnn(), "profile", "-q", "--db", str(db), "--", sys.executable, "-c",
                     "import torch; torch.nn.functional.layer_norm(torch.randn(2, 4), (4,))"],
                    capture_output=True, check=True, env={k: v for k, v in os.environ.items() if not k.startswith("HFNN_")})
     # (a profile run creates the file with hfnn's schema; the winners are written directly)
@@ -109,11 +110,7 @@ def main():
         "hfnn_winner_delta_us": round(results["table_hfnn"]["us_per_call"] - torch_us, 3),
         "dispatch_counts": {m: results[m]["stats"].get("calls") for m in ("table_torch", "table_hfnn")},
     }
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    write_result(result, args.out)
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -22,20 +22,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from _bench import require_hfnn, run, write_result  # noqa: E402
 EXAMPLE = ROOT / "examples" / "evoformer.py"
 
-
-def run(cmd, env=None, cwd=None):
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
-    if out.returncode != 0:
-        sys.exit(f"bench/e2e.py: {' '.join(map(str, cmd[:6]))}... failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return out
 
 
 def launcher(nproc, port):
@@ -84,9 +78,7 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path, help="write an SVG of step time and loss here")
     args = ap.parse_args()
-    hfnn = shutil.which("hfnn")
-    if hfnn is None:
-        sys.exit("bench/e2e.py: the hfnn command is not on PATH: run scripts/setup.sh")
+    hfnn = require_hfnn()
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="hfnn-e2e-"))
@@ -142,16 +134,12 @@ def main():
         "runs": {m: [{"median_step_ms": x["median_step_ms"], "step_ms": x["step_ms"], "loss": x["loss"]} for x in v]
                  for m, v in runs.items()},
     }
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         args.plot.write_text(svg_plot(runs["torch"][0], runs["hfnn"][0],
                                       f"Evoformer {args.dtype}, {gpu} x{args.nproc}: "
                                       f"{torch_ms:.1f} -> {hfnn_ms:.1f} ms/step ({measured:.3f}x)"))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "tune_table")}, indent=1))
+    write_result(result, args.out, leave_out=("runs", "tune_table"))
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -24,12 +24,12 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from _bench import require_hfnn, run, write_result  # noqa: E402
 
 # Runs the example in this process under torch.profiler, then writes key_averages() per op name.
 TORCH_PROFILER_RUNNER = r"""
@@ -49,12 +49,6 @@ json.dump(rows, open(out, "w"))
 """
 
 
-def run(cmd, cwd):
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"bench/profiler_cost.py: {' '.join(map(str, cmd[:4]))}... failed:\n{out.stderr[-3000:]}")
-    return out
-
 
 def median_ms(path):
     return json.loads(Path(path).read_text())["median_step_ms"]
@@ -68,9 +62,7 @@ def main():
     ap.add_argument("--size", choices=["auto", "full", "small"], default="auto")
     ap.add_argument("--out", type=Path, help="write the JSON result here")
     args = ap.parse_args()
-    hfnn = shutil.which("hfnn")
-    if hfnn is None:
-        sys.exit("bench/profiler_cost.py: the hfnn command is not on PATH: run scripts/setup.sh")
+    hfnn = require_hfnn()
 
     import torch
 
@@ -78,12 +70,12 @@ def main():
     example = [str(args.example), "--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
     py = sys.executable
 
-    run([py, *example, "--json", str(work / "plain.json")], work)
+    run([py, *example, "--json", str(work / "plain.json")], cwd=work)
     run([hfnn, "profile", "--db", str(work / "hfnn.db"), "--python", py, "--report", "none",
-         "--warmup", str(args.warmup), "--steps", str(args.steps), *example, "--json", str(work / "hfnn.json")], work)
-    run([py, "-c", TORCH_PROFILER_RUNNER, str(work / "torch_ops.json"), *example, "--json", str(work / "torch.json")], work)
+         "--warmup", str(args.warmup), "--steps", str(args.steps), *example, "--json", str(work / "hfnn.json")], cwd=work)
+    run([py, "-c", TORCH_PROFILER_RUNNER, str(work / "torch_ops.json"), *example, "--json", str(work / "torch.json")], cwd=work)
     run([hfnn, "profile", "--db", str(work / "agree.db"), "--python", py, "--report", "none", "--warmup", "0",
-         "--steps", "0", *example, "--json", str(work / "agree.json")], work)
+         "--steps", "0", *example, "--json", str(work / "agree.json")], cwd=work)
 
     plain, profiled, torch_prof = (median_ms(work / f) for f in ("plain.json", "hfnn.json", "torch.json"))
     with sqlite3.connect(work / "agree.db") as con:
@@ -120,11 +112,7 @@ def main():
         "db_bytes": os.path.getsize(work / "hfnn.db"),
         "top_ops": table,
     }
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    write_result(result, args.out)
     shutil.rmtree(work, ignore_errors=True)
 
 

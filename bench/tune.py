@@ -14,27 +14,20 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from _bench import require_hfnn, run, write_result  # noqa: E402
 PROFILES = {
     "evoformer": [str(ROOT / "examples" / "evoformer.py"), "--steps", "3", "--warmup", "1"],
     "seed_shapes": [str(ROOT / "bench" / "seed_shapes_train.py"), "--steps", "3"],
 }
 
-
-def run(cmd, **kw):
-    out = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if out.returncode != 0:
-        sys.exit(f"bench/tune.py: {' '.join(map(str, cmd[:5]))}... failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return out
 
 
 def winners(db):
@@ -48,9 +41,7 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     args = ap.parse_args()
-    hfnn = shutil.which("hfnn")
-    if hfnn is None:
-        sys.exit("bench/tune.py: the hfnn command is not on PATH: run scripts/setup.sh")
+    hfnn = require_hfnn()
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="hfnn-bench-tune-"))
@@ -87,11 +78,7 @@ def main():
         }
     result.update(keys=keys, same_winner_pct=round(100 * same / total, 1) if total else None,
                   seconds_per_key=round(seconds / (2 * keys), 3) if keys else None)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "profiles"}, indent=1))
+    write_result(result, args.out, leave_out=("profiles",))
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -29,22 +29,17 @@ std::optional<int> dtype_code(const std::string& name) {
 int variant_index(bool backward, const std::string& name) {
 #if HFNN_WITH_CUDA
   namespace k = kernels::layer_norm;
-  int i = 0;
   if (backward) {
-    for (const auto& v : k::bwd_variants()) {
-      if (v.name == name) return i;
-      ++i;
-    }
-  } else {
-    for (const auto& v : k::fwd_variants()) {
-      if (v.name == name) return i;
-      ++i;
-    }
+    const auto* v = k::find_bwd(name);
+    return v ? static_cast<int>(v - k::bwd_variants().data()) : -1;
   }
-#endif
+  const auto* v = k::find_fwd(name);
+  return v ? static_cast<int>(v - k::fwd_variants().data()) : -1;
+#else
   (void)backward;
   (void)name;
   return -1;
+#endif
 }
 
 std::string variant_name(bool backward, int index) {
@@ -170,13 +165,16 @@ void Runtime::configure(std::shared_ptr<const Table> table, std::string path, Po
   active_.store(true, std::memory_order_release);
 }
 
-const WinnerMap* Runtime::for_device(int device, const std::function<Gpu()>& props) {
+const WinnerMap* Runtime::resolve(int device, const std::function<Gpu()>& props) {
   if (device < 0 || device >= kMaxDevices) return nullptr;
-  if (device_resolved_[device].load(std::memory_order_acquire)) {
-    const WinnerMap* map = device_map_[device].load(std::memory_order_relaxed);
-    // HFNN_STRICT=1: a GPU the table does not cover is an error at every call, not only the first.
-    if (!map && strict() && table_) warn_once("gpu", fmt::format("{} has no winners for cuda:{}", path_, device));
-    return map;
+  if (device_resolved_[device].load(std::memory_order_acquire)) {  // HFNN_STRICT=1 and no table for this GPU
+    std::string message;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (table_) message = fmt::format("{} has no winners for cuda:{}", path_, device);
+    }
+    if (!message.empty()) warn_once("gpu", message);
+    return device_map_[device].load(std::memory_order_relaxed);
   }
   const Gpu gpu = props();  // outside the lock: it may initialize CUDA
   std::string warning;

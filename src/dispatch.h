@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace hfnn::dispatch {
@@ -101,7 +102,15 @@ class Runtime {
   Policy policy() const { return policy_.load(std::memory_order_relaxed); }
   bool strict() const { return strict_.load(std::memory_order_relaxed); }
   // The winners for the device, resolving its GPU on the first call (props: the device's identity).
-  const WinnerMap* for_device(int device, const std::function<Gpu()>& props);
+  // Inline: after that first call, two atomic loads and nothing built.
+  template <typename Props>
+  const WinnerMap* for_device(int device, Props&& props) {
+    if (device >= 0 && device < kMaxDevices && device_resolved_[device].load(std::memory_order_acquire)) {
+      const WinnerMap* map = device_map_[device].load(std::memory_order_relaxed);
+      if (map || !strict()) return map;
+    }
+    return resolve(device, std::function<Gpu()>(std::forward<Props>(props)));
+  }
   // What one call ran: a variant (by pass and index), or torch for a reason.
   void count_variant(bool backward, int index);
   void count_fallback(bool backward, Fallback why);
@@ -113,6 +122,7 @@ class Runtime {
 
  private:
   static constexpr int kMaxVariants = 64, kMaxDevices = 64;
+  const WinnerMap* resolve(int device, const std::function<Gpu()>& props);  // the first call per device
   std::atomic<bool> active_{false};
   std::shared_ptr<const Table> table_;
   // Tables replaced by a later configure(): kept, since another thread may still be reading one.

@@ -232,6 +232,8 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
       envs.emplace_back(s.column_int(0), e);
     }
   }
+  Statement s(db.handle(), "SELECT winner, torch_us, best_us FROM tune_winners WHERE env_id = ? AND op = ?"
+                           " AND key = ? AND dtype = ? AND pass = ?");
   for (const auto& [id, env] : envs) {
     nlohmann::json rows = nlohmann::json::array();
     std::vector<KeySaving> savings;
@@ -241,8 +243,7 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
       for (const char* pass : {"fwd", "bwd"}) {
         const double cps = std::string(pass) == "fwd" ? k.fwd_calls_per_step : k.bwd_calls_per_step;
         if ((std::string(pass) == "fwd" ? k.fwd_calls : k.bwd_calls) == 0) continue;
-        Statement s(db.handle(), "SELECT winner, torch_us, best_us FROM tune_winners WHERE env_id = ? AND op = ?"
-                                 " AND key = ? AND dtype = ? AND pass = ?");
+        s.reset();
         s.bind(1, id).bind(2, k.op).bind(3, k.key).bind(4, k.dtype).bind(5, std::string(pass));
         if (!s.step()) continue;
         any = true;

@@ -52,12 +52,9 @@ fs::path tuned_db(const std::string& name) {
 }
 
 int fwd_index(std::string_view name) {
-  int i = 0;
 #if HFNN_WITH_CUDA
-  for (const auto& v : kernels::layer_norm::fwd_variants()) {
-    if (v.name == name) return i;
-    ++i;
-  }
+  namespace k = kernels::layer_norm;
+  if (const auto* v = k::find_fwd(name)) return static_cast<int>(v - k::fwd_variants().data());
 #endif
   return -1;
 }

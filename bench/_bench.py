@@ -1,0 +1,39 @@
+"""What the benchmark scripts share: finding the hfnn command, running a step that must succeed,
+and writing the result JSON. Imported by the scripts in this folder (run by path, so this folder is
+on sys.path)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def script_name() -> str:
+    return f"bench/{os.path.basename(sys.argv[0])}"
+
+
+def require_hfnn() -> str:
+    """The hfnn executable, or exit with one line saying how to get it."""
+    hfnn = shutil.which("hfnn")
+    if hfnn is None:
+        sys.exit(f"{script_name()}: the hfnn command is not on PATH: run scripts/setup.sh")
+    return hfnn
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    """cmd with captured output; a failure ends the benchmark with its stderr's tail."""
+    out = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if out.returncode != 0:
+        sys.exit(f"{script_name()}: {' '.join(map(str, cmd[:6]))}... failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return out
+
+
+def write_result(result: dict, out: Path | None, leave_out: tuple = ()) -> None:
+    """Writes the result JSON to `out` (when given) and prints it, less the `leave_out` keys."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in leave_out}, indent=1))
