@@ -8,8 +8,11 @@ call is the CPU's: dispatcher, our lookup, the launch. Three processes, same loo
   torch        no variable: torch's kernel through torch's dispatcher
   table_torch  HFNN_DISPATCH_DB with torch as this key's winner: our lookup, then torch's kernel
   table_hfnn   HFNN_DISPATCH_DB with an hfnn variant as the winner: our lookup and our launch
-Medians of --reps timings of --calls calls each. On a machine without CUDA the same runs on CPU
-tensors (where every call falls back: the lookup and counting alone).
+Each process reports the median of --reps timings of --calls calls; the three run in turn, --rounds
+times, so drift in clocks hits them alike, and each mode's number is the median over its rounds.
+The spread of torch's own rounds is recorded as the noise the overhead is read against. On a
+machine without CUDA the same runs on CPU tensors (where every call falls back: the lookup and
+counting alone).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import os
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +82,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3, help="times each process runs, alternating")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     import torch
@@ -85,31 +90,44 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="hfnn-overhead-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
-    results = {}
-    for mode in ("torch", "table_torch", "table_hfnn", "torch_again"):
-        e = dict(env)
+    modes = ("torch", "table_torch", "table_hfnn")
+    envs = {}
+    for mode in modes:
+        envs[mode] = dict(env)
         if mode.startswith("table"):
             db = work / f"{mode}.db"
             table(db, "torch" if mode == "table_torch" else "hfnn", device)
-            e["HFNN_DISPATCH_DB"] = str(db)
-        out = subprocess.run([sys.executable, "-c", LOOP, device, str(args.calls), str(args.reps)], capture_output=True,
-                             text=True, env=e)
-        if out.returncode != 0:
-            sys.exit(f"bench/dispatch_overhead.py: {mode} failed:\n{out.stderr[-2000:]}")
-        results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{mode:12s} {results[mode]['us_per_call']:.3f} µs/call  {results[mode]['stats'].get('calls')}", flush=True)
-    torch_us = min(results["torch"]["us_per_call"], results["torch_again"]["us_per_call"])
+            envs[mode]["HFNN_DISPATCH_DB"] = str(db)
+    rounds = {m: [] for m in modes}
+    stats = {}
+    for r in range(args.rounds):
+        for mode in modes:
+            out = subprocess.run([sys.executable, "-c", LOOP, device, str(args.calls), str(args.reps)],
+                                 capture_output=True, text=True, env=envs[mode])
+            if out.returncode != 0:
+                sys.exit(f"bench/dispatch_overhead.py: {mode} failed:\n{out.stderr[-2000:]}")
+            answer = json.loads(out.stdout.strip().splitlines()[-1])
+            rounds[mode].append(answer["us_per_call"])
+            stats[mode] = answer["stats"]
+            print(f"round {r + 1} {mode:12s} {answer['us_per_call']:.3f} µs/call  {answer['stats'].get('calls')}",
+                  flush=True)
+    us = {m: statistics.median(v) for m, v in rounds.items()}
     result = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "device": device,
         "torch": torch.__version__, "date": dt.date.today().isoformat(), "shape": [16, 256], "dtype": "float32",
-        "calls": args.calls, "reps": args.reps,
-        "torch_us_per_call": round(torch_us, 3),
-        "table_torch_winner_us_per_call": round(results["table_torch"]["us_per_call"], 3),
-        "table_hfnn_winner_us_per_call": round(results["table_hfnn"]["us_per_call"], 3),
-        "overhead_us": round(results["table_torch"]["us_per_call"] - torch_us, 3),
-        "hfnn_winner_delta_us": round(results["table_hfnn"]["us_per_call"] - torch_us, 3),
-        "dispatch_counts": {m: results[m]["stats"].get("calls") for m in ("table_torch", "table_hfnn")},
+        "calls": args.calls, "reps": args.reps, "rounds": args.rounds,
+        "torch_us_per_call": round(us["torch"], 3),
+        "table_torch_winner_us_per_call": round(us["table_torch"], 3),
+        "table_hfnn_winner_us_per_call": round(us["table_hfnn"], 3),
+        "overhead_us": round(us["table_torch"] - us["torch"], 3),
+        "hfnn_winner_delta_us": round(us["table_hfnn"] - us["torch"], 3),
+        "torch_noise_us": round(max(rounds["torch"]) - min(rounds["torch"]), 3),
+        "rounds_us_per_call": {m: [round(x, 3) for x in v] for m, v in rounds.items()},
+        "dispatch_counts": {m: stats[m].get("calls") for m in ("table_torch", "table_hfnn")},
     }
+    print(f"overhead {result['overhead_us']:+.3f} µs/call with torch as the winner, "
+          f"{result['hfnn_winner_delta_us']:+.3f} µs with an hfnn winner (torch's rounds spread "
+          f"{result['torch_noise_us']:.3f} µs)", flush=True)
     write_result(result, args.out)
     shutil.rmtree(work, ignore_errors=True)
 

@@ -72,6 +72,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=1, help="GPUs (torchrun) for every step")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores, as in the seeds' profile")
     ap.add_argument("--steps", type=int, default=20, help="timed steps of each training run")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2, help="torch/hfnn run pairs, alternating")
@@ -84,7 +85,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="hfnn-e2e-"))
     db = work / "shapes.db"
     base_env = {k: v for k, v in os.environ.items() if k not in ("HFNN_DISPATCH_DB", "HFNN_PROFILE_DIR")}
-    example = [str(EXAMPLE), "--dtype", args.dtype]
+    example = [str(EXAMPLE), "--dtype", args.dtype, *(["--tf32"] if args.tf32 else [])]
     port = 29600
 
     # 1. profile, 2. tune
@@ -121,7 +122,7 @@ def main():
     gpu = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
     result = {
         "gpu": gpu, "torch": torch.__version__, "date": dt.date.today().isoformat(),
-        "example": EXAMPLE.name, "dtype": args.dtype, "world_size": args.nproc, "steps": args.steps,
+        "example": EXAMPLE.name, "dtype": args.dtype, "tf32": args.tf32, "world_size": args.nproc, "steps": args.steps,
         "repeats": args.repeats,
         "torch_step_ms": round(torch_ms, 3), "hfnn_step_ms": round(hfnn_ms, 3),
         "measured_speedup": round(measured, 4), "projected_speedup": round(projected, 4) if projected else None,
@@ -129,6 +130,10 @@ def main():
         "max_loss_diff": loss_diff,
         "profile_step_ms": projection["step_ms"] if projection else None,
         "projected_saved_ms": projection["saved_ms"] if projection else None,
+        # torch's time per step in the tuned keys, and the speed-up if they took none: the most that
+        # replacing these ops alone can give on this step (Amdahl)
+        "tuned_ops_torch_ms": projection.get("torch_ms") if projection else None,
+        "ceiling_speedup": projection.get("ceiling") if projection else None,
         "tune_table": envs[0]["rows"] if envs else [],
         "dispatch_summary": summary,
         "runs": {m: [{"median_step_ms": x["median_step_ms"], "step_ms": x["step_ms"], "loss": x["loss"]} for x in v]
@@ -137,7 +142,7 @@ def main():
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         args.plot.write_text(svg_plot(runs["torch"][0], runs["hfnn"][0],
-                                      f"Evoformer {args.dtype}, {gpu} x{args.nproc}: "
+                                      f"Evoformer {args.dtype}{'+tf32' if args.tf32 else ''}, {gpu} x{args.nproc}: "
                                       f"{torch_ms:.1f} -> {hfnn_ms:.1f} ms/step ({measured:.3f}x)"))
     write_result(result, args.out, leave_out=("runs", "tune_table"))
     shutil.rmtree(work, ignore_errors=True)

@@ -73,6 +73,9 @@ def start(script: str, description: str, size_help: str,
         size_options(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="bfloat16 runs under torch.autocast, CUDA only")
+    p.add_argument("--tf32", action="store_true",
+                   help="float32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32): torch's default "
+                        "before 1.12, and how the seeds' AlphaFold profile ran (its GEMMs are TF32 kernels)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     p.add_argument("--seed", type=int, default=0, help="seeds the parameters and the data")
     p.add_argument("--json", metavar="PATH", help="also write the step times and losses to this JSON file")
@@ -97,6 +100,7 @@ def start(script: str, description: str, size_help: str,
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.manual_seed(args.seed)
     return args, device, size
 
@@ -135,8 +139,9 @@ def print_header(device: torch.device, size: str, cfg: Any, depth: str, model: n
     if rank != 0:
         return
     ranks = f", {world_size} ranks (DDP)" if world_size > 1 else ""
+    tf32 = "+tf32" if torch.backends.cuda.matmul.allow_tf32 else ""
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
-          f"size {size} {asdict(cfg)}, {depth}, {params / 1e6:.2f}M parameters, dtype {dtype}, "
+          f"size {size} {asdict(cfg)}, {depth}, {params / 1e6:.2f}M parameters, dtype {dtype}{tf32}, "
           f"hfnn {hfnn_note}{ranks}")
 
 

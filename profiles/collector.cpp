@@ -39,9 +39,14 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-// The ops whose input shapes are recorded: what hfnn accelerates. aten::layer_norm is what
-// torch.nn.LayerNorm and F.layer_norm call (native_layer_norm runs inside it and is not counted
-// again); its backward is native_layer_norm_backward.
+// The ops whose input shapes are recorded: what hfnn accelerates. For LayerNorm that is
+// aten::native_layer_norm, which torch.nn.LayerNorm and F.layer_norm reach through
+// aten::layer_norm, and which HFNN_DISPATCH_DB replaces: its input is the one the kernel sees.
+// (Under CUDA autocast aten::layer_norm runs twice, the outer call with the bfloat16 input and
+// the inner one after the cast to float32; native_layer_norm runs once, in float32.) Its
+// backward is native_layer_norm_backward. When a recorded op runs inside another record of the
+// same op and phase (hfnn::layer_norm under autocast, or around a torch fallback), the innermost
+// one is kept: it is what ran.
 // nn.LSTM calls aten::lstm (its backward is not linked to it here: forward calls and time only).
 // nn.MultiheadAttention is no single op: the start-up hook wraps its forward in a record_function
 // scope named "hfnn.shape|<op>|<shape>|<dtype>|<settings>" (kScope).
@@ -49,7 +54,7 @@ enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope };
 constexpr std::string_view kShapeScope = "hfnn.shape|";
 
 Tunable tunable(std::string_view name) {
-  if (name == "aten::layer_norm" || name == "hfnn::layer_norm") return Tunable::kLayerNormFwd;
+  if (name == "aten::native_layer_norm" || name == "hfnn::layer_norm") return Tunable::kLayerNormFwd;
   if (name == "aten::native_layer_norm_backward" || name == "hfnn::layer_norm_bwd") return Tunable::kLayerNormBwd;
   if (name == "aten::lstm") return Tunable::kLstm;
   if (name.rfind(kShapeScope, 0) == 0) return Tunable::kScope;
@@ -85,7 +90,7 @@ struct ShapeKey {
   bool operator<(const ShapeKey& o) const { return tie() < o.tie(); }
 };
 
-// LayerNorm's shape from the op's inputs: layer_norm(input, normalized_shape, weight, bias, ...)
+// LayerNorm's shape from the op's inputs: native_layer_norm(input, normalized_shape, weight, bias, eps)
 // and native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, mask).
 std::optional<ShapeKey> layer_norm_shape(const at::RecordFunction& fn, Tunable kind) {
   const auto inputs = fn.inputs();
@@ -412,6 +417,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (kind == Tunable::kLstm) f.shape = lstm_shape(fn);
     else if (kind == Tunable::kScope) f.shape = scope_shape(fn.name());
     else if (kind != Tunable::kNone) f.shape = layer_norm_shape(fn, kind);
+    if (f.shape) {  // the innermost record of an op and phase is the one that ran
+      for (auto it = t_stack.rbegin(); it != t_stack.rend(); ++it) {
+        if (it->shape && it->shape->op == f.shape->op && it->shape->phase == f.shape->phase) {
+          it->shape.reset();
+          break;
+        }
+      }
+    }
 #if HFNN_GPU_ACTIVITY
     if (s.gpu) {
       f.id = g_next_id.fetch_add(1, std::memory_order_relaxed);

@@ -257,6 +257,14 @@ std::string report_text(const nlohmann::json& r) {
   return out;
 }
 
+std::string ceiling_text(const nlohmann::json& p) {
+  const double step = p["step_ms"].get<double>(), torch_ms = p["torch_ms"].get<double>();
+  const std::string most = p["ceiling"].is_number() ? fmt::format("{:.3f}x", p["ceiling"].get<double>()) : "unbounded";
+  return fmt::format("Ceiling: torch spends {:.2f} ms/step ({:.1f}% of the step) in these keys; even at zero cost "
+                     "they could make the step at most {} faster",
+                     torch_ms, step > 0 ? 100 * torch_ms / step : 0.0, most);
+}
+
 // "rows=32768,D=256,affine=1" -> "32768 x 256" (" no-affine" when so); other keys as they are.
 std::string key_label(const std::string& key) {
   long long rows = 0, cols = 0;
@@ -295,6 +303,7 @@ std::string tune_text(const nlohmann::json& summary) {
       t += fmt::format("  Projected step time: {:.2f} ms -> {:.2f} ms ({:.3f}x), {:.2f} ms/step saved on these keys\n",
                        p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), p["speedup"].get<double>(),
                        p["saved_ms"].get<double>());
+      if (p.contains("torch_ms")) t += "  " + ceiling_text(p) + "\n";
     }
   }
   return t;

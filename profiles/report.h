@@ -27,6 +27,9 @@ std::string report_csv(const nlohmann::json& report);
 // The tune section (tuner::tune_summary's JSON, under the report's "tune" key) as text: the seeds'
 // table per GPU and versions, with the projected step time.
 std::string tune_text(const nlohmann::json& summary);
+// The projection's ceiling in words: how much of the step torch spends in the tuned keys, and the
+// most that replacing them alone could give (the speed-up if they took no time).
+std::string ceiling_text(const nlohmann::json& projection);
 // "rows=32768,D=256,affine=1" -> "32768 x 256"; any other key as it is.
 std::string key_label(const std::string& key);
 // The same as one self-contained HTML page (inline CSS and SVG; no script, no network).

@@ -182,6 +182,7 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                          "by the winners below (measured per call, times calls per step).</p>\n",
                          pr["step_ms"].get<double>(), pr["projected_step_ms"].get<double>(), pr["speedup"].get<double>(),
                          pr["saved_ms"].get<double>());
+        if (pr.contains("torch_ms")) h += "<p>" + escape(ceiling_text(pr)) + "</p>\n";
       }
       double fastest = 1;
       for (const auto& t : e["rows"]) fastest = std::max(fastest, t["speedup"].get<double>());

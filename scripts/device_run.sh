@@ -10,7 +10,9 @@
 #   torchrun  `hfnn profile -- torchrun` of the Evoformer example on every GPU (NCCL): one DB
 #   tune-bench  bench/tune.py: hfnn tune's time per key and the stability of its winners
 #   overhead  bench/dispatch_overhead.py: HFNN_DISPATCH_DB's CPU cost per LayerNorm call
-#   e2e       bench/e2e.py: profile, tune, train with torch and with HFNN_DISPATCH_DB (fp32, bf16)
+#   e2e       bench/e2e.py: profile, tune, train with torch and with HFNN_DISPATCH_DB; one run per
+#             config in $E2E_CONFIGS (default "float32 bfloat16"; float32-tf32 adds --tf32)
+#   pytest-k  only the Python tests that $PYTEST_K selects (pytest -k), verbose, with timings
 #   e2e-multi bench/e2e.py under torchrun on every GPU of the machine
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
@@ -55,7 +57,7 @@ status=0
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name().lower(); print('h200' if 'h200' in n else 'h100' if 'h100' in n else n.split()[-1])")
 if want tests; then
   "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error" ; gtest_rc=${PIPESTATUS[0]}
-  python3 -m pytest tests/python -q -p no:cacheprovider --durations=20 2>&1 | tee "$OUT/pytest.log" | tail -40; pytest_rc=${PIPESTATUS[0]}
+  python3 -m pytest tests/python -q -p no:cacheprovider --durations=20 -o faulthandler_timeout=300 2>&1 | tee "$OUT/pytest.log" | tail -40; pytest_rc=${PIPESTATUS[0]}
   [ "$gtest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ] || status=1
   # The record of this GPU test run (bench/results/tests-<gpu>.json).
   python3 - "$OUT/tests-$gpu.json" "$gtest_rc" "$pytest_rc" "$OUT/gtest.log" "$OUT/pytest.log" "$installed_from" <<'PY'
@@ -72,8 +74,13 @@ PY
 fi
 if want tests-quick; then
   "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED) |Failure" || true
-  timeout 240 python3 -m pytest tests/python/test_layer_norm.py tests/python/test_dispatch.py -q -p no:cacheprovider \
-    2>&1 | tee "$OUT/pytest-quick.log" | tail -6; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # (faulthandler_timeout: a test that hangs prints every thread's stack instead of nothing)
+  timeout 420 python3 -m pytest tests/python/test_layer_norm.py tests/python/test_dispatch.py -q -p no:cacheprovider \
+    --durations=10 -o faulthandler_timeout=150 2>&1 | tee "$OUT/pytest-quick.log" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want pytest-k; then
+  timeout 480 python3 -m pytest tests/python -v -p no:cacheprovider -k "${PYTEST_K:?set PYTEST_K}" --durations=10 \
+    -o faulthandler_timeout=150 2>&1 | tee "$OUT/pytest-k.log" | tail -40; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want examples && [ -f examples/evoformer.py ]; then
   # One JSON and one log for all four runs: the device tool brings back at most 8 files.
@@ -122,13 +129,14 @@ if want tune-bench; then
   tail -12 "$OUT/tune-bench.log"
 fi
 if want overhead; then
-  python3 bench/dispatch_overhead.py --out "$OUT/dispatch-overhead-$gpu.json" 2>&1 | tee "$OUT/overhead.log" | head -5 || status=1
+  python3 bench/dispatch_overhead.py --out "$OUT/dispatch-overhead-$gpu.json" 2>&1 | tee "$OUT/overhead.log" | grep -E "^(round|overhead)"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want e2e; then
-  for dtype in float32 bfloat16; do
-    python3 bench/e2e.py --dtype $dtype --out "$OUT/e2e-$gpu-$dtype.json" --plot "$OUT/e2e-$gpu-$dtype.svg" \
-      > "$OUT/e2e-$dtype.log" 2>&1 || status=1
-    tail -22 "$OUT/e2e-$dtype.log"
+  for config in ${E2E_CONFIGS:-float32 bfloat16}; do
+    opts=(--dtype "${config%-tf32}"); [[ $config == *-tf32 ]] && opts+=(--tf32)
+    python3 bench/e2e.py "${opts[@]}" --out "$OUT/e2e-$gpu-$config.json" --plot "$OUT/e2e-$gpu-$config.svg" \
+      > "$OUT/e2e-$config.log" 2>&1 || status=1
+    tail -24 "$OUT/e2e-$config.log"
   done
 fi
 if want e2e-multi; then

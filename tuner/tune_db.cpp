@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <map>
 #include <set>
@@ -265,7 +266,8 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
     if (run.step_ms > 0) {
       const Projection p = project(run.step_ms, savings);
       e["projection"] = {{"step_ms", p.step_ms}, {"saved_ms", p.saved_ms}, {"projected_step_ms", p.projected_step_ms},
-                         {"speedup", p.speedup}};
+                         {"speedup", p.speedup}, {"torch_ms", p.torch_ms},
+                         {"ceiling", std::isfinite(p.ceiling) ? nlohmann::json(p.ceiling) : nlohmann::json(nullptr)}};
     }
     out["envs"].push_back(e);
   }

@@ -134,11 +134,15 @@ Choice judge(std::vector<Candidate>& candidates, const std::string& dtype, doubl
 Projection project(double step_ms, const std::vector<KeySaving>& savings) {
   Projection p;
   p.step_ms = step_ms;
-  for (const auto& s : savings)
+  for (const auto& s : savings) {
     if (s.best_us < s.torch_us) p.saved_ms += s.calls_per_step * (s.torch_us - s.best_us) / 1e3;
+    p.torch_ms += s.calls_per_step * s.torch_us / 1e3;
+  }
   p.saved_ms = std::min(p.saved_ms, step_ms);
   p.projected_step_ms = step_ms - p.saved_ms;
   p.speedup = p.projected_step_ms > 0 ? step_ms / p.projected_step_ms : 1.0;
+  p.torch_ms = std::min(p.torch_ms, step_ms);
+  p.ceiling = p.torch_ms < step_ms ? step_ms / (step_ms - p.torch_ms) : std::numeric_limits<double>::infinity();
   return p;
 }
 

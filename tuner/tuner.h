@@ -81,9 +81,12 @@ struct Projection {
   double saved_ms = 0;  // per step
   double projected_step_ms = 0;
   double speedup = 1;
+  double torch_ms = 0;  // per step: torch's time in these keys (calls per step times torch's median)
+  double ceiling = 1;   // the speed-up if these keys took no time at all: what no kernel can beat
 };
 // Amdahl, as the seeds did by hand: the step time less each pass's calls per step times what its
-// winner saves per call (a winner slower than torch saves nothing: torch stays then).
+// winner saves per call (a winner slower than torch saves nothing: torch stays then). The ceiling
+// says how much of the step the tuned ops are: the most that replacing them alone can give.
 Projection project(double step_ms, const std::vector<KeySaving>& savings);
 
 }  // namespace hfnn::tuner

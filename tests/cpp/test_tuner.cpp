@@ -140,5 +140,14 @@ TEST(TunerProjection, AmdahlOverThePassesThatGain) {
   EXPECT_DOUBLE_EQ(project(10.0, {{1000, 100, 0}}).projected_step_ms, 0.0);  // never below zero
 }
 
+TEST(TunerProjection, CeilingIsTheStepWithoutTorchsTimeInTheKeys) {
+  // torch spends 24 * 300 + 10 * 50 µs = 7.7 ms of a 100 ms step in the keys: at most 100/92.3.
+  const Projection p = project(100.0, {{24, 300, 100}, {10, 50, 60}});
+  EXPECT_NEAR(p.torch_ms, 7.7, 1e-9);
+  EXPECT_NEAR(p.ceiling, 100.0 / 92.3, 1e-12);
+  EXPECT_GE(p.ceiling, p.speedup);
+  EXPECT_TRUE(std::isinf(project(10.0, {{1000, 100, 0}}).ceiling));  // the keys are the whole step
+}
+
 }  // namespace
 }  // namespace hfnn::tuner

@@ -260,6 +260,33 @@ def test_cuda_time_lands_on_the_ops_that_launched_it(tmp_path):
     assert "Top kernels by CUDA time" in out.stdout and "ranked by CUDA self time" in out.stdout
 
 
+AUTOCAST_SCRIPT = """
+import sys, torch, hfnn
+layer = (hfnn.nn.LayerNorm if sys.argv[1] == "hfnn" else torch.nn.LayerNorm)(64).cuda()
+lin = torch.nn.Linear(32, 64).cuda()
+opt = torch.optim.SGD([*layer.parameters(), *lin.parameters()], lr=0.1)
+x = torch.randn(16, 32, device="cuda")
+for _ in range(4):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(lin(x))  # a bfloat16 input, which autocast casts to float32 for LayerNorm
+    y.float().sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA device: CUDA autocast runs on the GPU machine")
+@pytest.mark.parametrize("module", ["torch", "hfnn"])
+def test_autocast_layer_norm_is_recorded_once_with_the_dtype_its_kernel_sees(tmp_path, module):
+    # Autocast calls layer_norm again after the cast: one record per call, in float32, the key
+    # that HFNN_DISPATCH_DB looks up.
+    (tmp_path / "autocast.py").write_text(AUTOCAST_SCRIPT)
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "autocast.py", module)
+    assert out.returncode == 0, out.stderr
+    shapes = rows(tmp_path / "shapes.db", "SELECT shape, dtype, phase, calls FROM shape_stats ORDER BY phase")
+    assert shapes == [("[16,64]", "float32", "bwd", 3), ("[16,64]", "float32", "fwd", 3)]
+
+
 LSTM_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lstm_lm.py"
 
 

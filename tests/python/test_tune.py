@@ -118,6 +118,11 @@ def test_winners_results_and_the_planted_wrong_variant(db):
     report = subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"], capture_output=True, text=True)
     tuned = json.loads(report.stdout)["tune"]["envs"]
     assert len(tuned) == 1 and len(tuned[0]["rows"]) == 4 and tuned[0]["projection"]["speedup"] > 1
+    # Every winner halves torch's time, so torch's time in the keys is twice the saving; the
+    # ceiling (those keys at zero cost) is above the projection.
+    p = tuned[0]["projection"]
+    assert abs(p["torch_ms"] - 2 * p["saved_ms"]) < 1e-9 and p["ceiling"] > p["speedup"]
+    assert "Ceiling: torch spends" in out.stdout
     text = subprocess.run([HFNN, "report", "--db", str(db)], capture_output=True, text=True).stdout
     assert "Tuned on Fake GPU" in text and "Projected step time" in text
     csv_rows = [l for l in subprocess.run([HFNN, "report", "--db", str(db), "--format", "csv"], capture_output=True,
