@@ -257,12 +257,33 @@ std::string report_text(const nlohmann::json& r) {
   return out;
 }
 
+std::string projection_text(const nlohmann::json& p) {
+  const bool busy = p.value("basis", std::string("wall")) == "gpu_busy";
+  return fmt::format("Projected step time: {:.2f} ms -> {:.2f} ms ({:.3f}x){}, {:.2f} ms/step saved on these keys",
+                     p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), p["speedup"].get<double>(),
+                     busy ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)",
+                                        p["wall_step_ms"].get<double>())
+                          : "",
+                     p["saved_ms"].get<double>());
+}
+
+std::string cpu_bound_note(const nlohmann::json& p) {
+  if (p.value("basis", std::string("wall")) != "gpu_busy") return {};
+  const double busy = p["step_ms"].get<double>(), wall = p["wall_step_ms"].get<double>();
+  if (wall <= 0 || busy >= 0.85 * wall) return {};
+  return fmt::format("Note: the GPU was busy {:.0f}% of the profiled step, so the step is CPU-bound under the profiler "
+                     "and may be without it; faster kernels shorten GPU time only, and the gain shows where the GPU is "
+                     "the bottleneck",
+                     100 * busy / wall);
+}
+
 std::string ceiling_text(const nlohmann::json& p) {
   const double step = p["step_ms"].get<double>(), torch_ms = p["torch_ms"].get<double>();
-  const std::string most = p["ceiling"].is_number() ? fmt::format("{:.3f}x", p["ceiling"].get<double>()) : "unbounded";
-  return fmt::format("Ceiling: torch spends {:.2f} ms/step ({:.1f}% of the step) in these keys; even at zero cost "
-                     "they could make the step at most {} faster",
-                     torch_ms, step > 0 ? 100 * torch_ms / step : 0.0, most);
+  const std::string head = fmt::format("Ceiling: torch spends {:.2f} ms/step ({:.1f}% of the step) in these keys",
+                                       torch_ms, step > 0 ? 100 * torch_ms / step : 0.0);
+  if (!p["ceiling"].is_number()) return head + ": all of it, so no bound";
+  return fmt::format("{}; even at zero cost they could make the step at most {:.3f}x faster", head,
+                     p["ceiling"].get<double>());
 }
 
 // "rows=32768,D=256,affine=1" -> "32768 x 256" (" no-affine" when so); other keys as they are.
@@ -300,10 +321,9 @@ std::string tune_text(const nlohmann::json& summary) {
     }
     if (e.contains("projection")) {
       const auto& p = e["projection"];
-      t += fmt::format("  Projected step time: {:.2f} ms -> {:.2f} ms ({:.3f}x), {:.2f} ms/step saved on these keys\n",
-                       p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), p["speedup"].get<double>(),
-                       p["saved_ms"].get<double>());
+      t += "  " + projection_text(p) + "\n";
       if (p.contains("torch_ms")) t += "  " + ceiling_text(p) + "\n";
+      if (const std::string note = cpu_bound_note(p); !note.empty()) t += "  " + note + "\n";
     }
   }
   return t;

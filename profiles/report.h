@@ -30,6 +30,10 @@ std::string tune_text(const nlohmann::json& summary);
 // The projection's ceiling in words: how much of the step torch spends in the tuned keys, and the
 // most that replacing them alone could give (the speed-up if they took no time).
 std::string ceiling_text(const nlohmann::json& projection);
+// "Projected step time: ..." on the projection's basis (GPU busy time, with the profiled wall time
+// beside it, or wall time), and a note when the GPU idled over 15% of the profiled step (empty if not).
+std::string projection_text(const nlohmann::json& projection);
+std::string cpu_bound_note(const nlohmann::json& projection);
 // "rows=32768,D=256,affine=1" -> "32768 x 256"; any other key as it is.
 std::string key_label(const std::string& key);
 // The same as one self-contained HTML page (inline CSS and SVG; no script, no network).

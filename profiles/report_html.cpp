@@ -178,11 +178,16 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                        escape(env["hfnn"].get<std::string>()));
       if (e.contains("projection")) {
         const auto& pr = e["projection"];
-        h += fmt::format("<p>Projected step time <b>{:.2f} ms &rarr; {:.2f} ms ({:.3f}x)</b>: {:.2f} ms per step saved "
+        h += fmt::format("<p>Projected step time <b>{:.2f} ms &rarr; {:.2f} ms ({:.3f}x)</b>{}: {:.2f} ms per step saved "
                          "by the winners below (measured per call, times calls per step).</p>\n",
                          pr["step_ms"].get<double>(), pr["projected_step_ms"].get<double>(), pr["speedup"].get<double>(),
+                         pr.value("basis", std::string("wall")) == "gpu_busy"
+                             ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)",
+                                           pr["wall_step_ms"].get<double>())
+                             : "",
                          pr["saved_ms"].get<double>());
         if (pr.contains("torch_ms")) h += "<p>" + escape(ceiling_text(pr)) + "</p>\n";
+        if (const std::string note = cpu_bound_note(pr); !note.empty()) h += "<p>" + escape(note) + "</p>\n";
       }
       double fastest = 1;
       for (const auto& t : e["rows"]) fastest = std::max(fastest, t["speedup"].get<double>());

@@ -29,6 +29,7 @@ export PYTHONUNBUFFERED=1
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
+echo "host: $(nproc) CPUs, load average $(cut -d" " -f1-3 /proc/loadavg)" | tee -a "$OUT/env.txt"
 
 installed_ok() { python3 -c "import hfnn, sys; sys.exit(0 if hfnn.build_info()['cuda_kernels'] else 1)" 2>/dev/null; }
 wheel=$(ls .devbuild/hfnn-*.whl 2>/dev/null | head -n 1)
@@ -129,7 +130,7 @@ if want tune-bench; then
   tail -12 "$OUT/tune-bench.log"
 fi
 if want overhead; then
-  python3 bench/dispatch_overhead.py --out "$OUT/dispatch-overhead-$gpu.json" 2>&1 | tee "$OUT/overhead.log" | grep -E "^(round|overhead)"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 bench/dispatch_overhead.py --rounds 5 --out "$OUT/dispatch-overhead-$gpu.json" 2>&1 | tee "$OUT/overhead.log" | grep -E "^(round|overhead)"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want e2e; then
   for config in ${E2E_CONFIGS:-float32 bfloat16}; do

@@ -52,21 +52,26 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     r.command = s.column_text(0);
   }
   int64_t step_rows = 0;
-  double wall_total_ms = 0;
+  double wall_total_ms = 0, busy_total_ms = 0;
   {
-    Statement s(db.handle(), "SELECT count(DISTINCT rank), count(*), coalesce(sum(wall_ms), 0) FROM step_stats WHERE run_id = ?");
+    Statement s(db.handle(), "SELECT count(DISTINCT rank), count(*), coalesce(sum(wall_ms), 0),"
+                             " coalesce(sum(gpu_busy_ms), 0) FROM step_stats WHERE run_id = ?");
     s.bind(1, r.id);
     s.step();
     r.ranks = std::max<int64_t>(1, s.column_int(0));
     step_rows = s.column_int(1);
     wall_total_ms = s.column_double(2);
+    busy_total_ms = s.column_double(3);
     r.steps = step_rows / r.ranks;
   }
   {
-    Statement s(db.handle(), "SELECT avg(wall_ms) FROM step_stats WHERE run_id = ? AND rank = "
-                             "(SELECT min(rank) FROM step_stats WHERE run_id = ?)");
+    Statement s(db.handle(), "SELECT avg(wall_ms), coalesce(avg(gpu_busy_ms), 0) FROM step_stats WHERE run_id = ?"
+                             " AND rank = (SELECT min(rank) FROM step_stats WHERE run_id = ?)");
     s.bind(1, r.id).bind(2, r.id);
-    if (s.step() && !s.column_is_null(0)) r.step_ms = s.column_double(0);
+    if (s.step() && !s.column_is_null(0)) {
+      r.step_ms = s.column_double(0);
+      r.gpu_busy_ms = s.column_double(1);
+    }
   }
   {
     Statement s(db.handle(), "SELECT count(*) FROM op_stats WHERE run_id = ? AND cuda_self_us > 0");
@@ -109,7 +114,8 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     k.fwd_calls_per_step = k.fwd_calls / per;
     k.bwd_calls_per_step = k.bwd_calls / per;
     k.run_pct = all_fwd_calls > 0 ? 100.0 * k.fwd_calls / all_fwd_calls : 0.0;
-    k.share_pct = wall_total_ms > 0 ? 100.0 * k.time_us / 1e3 / wall_total_ms : 0.0;
+    const double basis_total_ms = busy_total_ms > 0 ? busy_total_ms : wall_total_ms;  // see basis_ms()
+    k.share_pct = basis_total_ms > 0 ? 100.0 * k.time_us / 1e3 / basis_total_ms : 0.0;
     r.keys.push_back(k);
   }
   std::stable_sort(r.keys.begin(), r.keys.end(),
@@ -263,9 +269,10 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
                                  {"sm_count", env.sm_count}, {"cuda", env.cuda}, {"torch", env.torch},
                                  {"hfnn", env.hfnn}}},
                         {"keys_tuned", tuned}, {"keys_in_run", run.keys.size()}, {"rows", rows}};
-    if (run.step_ms > 0) {
-      const Projection p = project(run.step_ms, savings);
-      e["projection"] = {{"step_ms", p.step_ms}, {"saved_ms", p.saved_ms}, {"projected_step_ms", p.projected_step_ms},
+    if (run.basis_ms() > 0) {
+      const Projection p = project(run.basis_ms(), savings);
+      e["projection"] = {{"basis", run.gpu_busy_ms > 0 ? "gpu_busy" : "wall"}, {"wall_step_ms", run.step_ms},
+                         {"step_ms", p.step_ms}, {"saved_ms", p.saved_ms}, {"projected_step_ms", p.projected_step_ms},
                          {"speedup", p.speedup}, {"torch_ms", p.torch_ms},
                          {"ceiling", std::isfinite(p.ceiling) ? nlohmann::json(p.ceiling) : nlohmann::json(nullptr)}};
     }

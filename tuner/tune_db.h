@@ -35,7 +35,12 @@ struct ProfiledRun {
   int64_t ranks = 1;
   int64_t steps = 0;       // recorded, per rank
   double step_ms = 0;      // mean wall time of a recorded step (rank 0)
+  double gpu_busy_ms = 0;  // mean GPU busy time of a recorded step (rank 0; 0 without CUDA activity)
   std::string time_basis;  // "cuda" or "cpu"
+  // The step time shares and the projection are taken against: GPU busy time when the profile has
+  // it (the time kernels can shorten, and unlike wall time not stretched by the profiler's own CPU
+  // cost, which can be large on CPU-bound steps), else wall time.
+  double basis_ms() const { return gpu_busy_ms > 0 ? gpu_busy_ms : step_ms; }
   std::vector<ProfiledKey> keys;  // by share, largest first
   // Shapes of recorded ops that hfnn cannot tune yet: op -> number of distinct shapes.
   std::vector<std::pair<std::string, int64_t>> untunable;

@@ -65,9 +65,11 @@ def test_the_hook_does_nothing_without_the_variable():
     assert out.stdout.strip() == "False False"
 
 
-def test_a_good_table_routes_every_layer_norm_and_counts_cpu_tensors(tmp_path):
+@pytest.mark.parametrize("mode", ["", "to_hfnn"], ids=["torch-modules", "to_hfnn"])
+def test_a_good_table_routes_every_layer_norm_and_counts_cpu_tensors(tmp_path, mode):
+    # hfnn.to_hfnn's modules consult the same table as torch's LayerNorms do under the variable.
     db = tuned_db(tmp_path / "shapes.db")
-    out, stats = train(db, steps=4)
+    out, stats = train(db, steps=4, mode=mode)
     assert out.returncode == 0, out.stderr
     assert stats["active"] and stats["keys"] == 2 and stats["gpus"] == ["Fake GPU (sm 9.0, 132 SMs)"]
     # nn.LayerNorm and the custom module's F.layer_norm, forward and backward, 4 steps: all CPU here.

@@ -123,11 +123,30 @@ def test_winners_results_and_the_planted_wrong_variant(db):
     p = tuned[0]["projection"]
     assert abs(p["torch_ms"] - 2 * p["saved_ms"]) < 1e-9 and p["ceiling"] > p["speedup"]
     assert "Ceiling: torch spends" in out.stdout
+    assert p["basis"] == "wall" and p["step_ms"] == p["wall_step_ms"]  # a CPU profile: no GPU busy time
     text = subprocess.run([HFNN, "report", "--db", str(db)], capture_output=True, text=True).stdout
     assert "Tuned on Fake GPU" in text and "Projected step time" in text
     csv_rows = [l for l in subprocess.run([HFNN, "report", "--db", str(db), "--format", "csv"], capture_output=True,
                                            text=True).stdout.splitlines() if l.startswith("tune,")]
     assert len(csv_rows) == 4 and all(",good," in l for l in csv_rows)
+
+
+@pytest.mark.parametrize("busy_fraction", [0.5, 0.95])
+def test_the_projection_is_on_gpu_busy_time_and_says_when_the_step_is_cpu_bound(db, busy_fraction):
+    # As a GPU profile records it: busy time under the wall time. The profiler's CPU cost stretches
+    # wall time, not kernel time, so the projection (and the shares) are on busy time; when the GPU
+    # idled much of the step, tune says the gain shows only where the GPU is the bottleneck.
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE step_stats SET gpu_busy_ms = wall_ms * ?", (busy_fraction,))
+    ((busy, wall),) = rows(db, "SELECT avg(gpu_busy_ms), avg(wall_ms) FROM step_stats")
+    out = tune(db)
+    assert out.returncode == 0, out.stderr
+    report = subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"], capture_output=True, text=True)
+    p = json.loads(report.stdout)["tune"]["envs"][0]["projection"]
+    assert p["basis"] == "gpu_busy" and abs(p["step_ms"] - busy) < 1e-6 and abs(p["wall_step_ms"] - wall) < 1e-6
+    assert abs(p["speedup"] - busy / (busy - p["saved_ms"])) < 1e-9
+    assert "of GPU busy time" in out.stdout
+    assert ("CPU-bound under the profiler" in out.stdout) == (busy_fraction < 0.85)
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
