@@ -128,7 +128,10 @@ def main():
         "measured_speedup": round(measured, 4), "projected_speedup": round(projected, 4) if projected else None,
         "projection_error_pct": round(100 * (projected / measured - 1), 2) if projected else None,
         "max_loss_diff": loss_diff,
-        "profile_step_ms": projection["step_ms"] if projection else None,
+        # the profiled step (median; wall time stretched by the profiler's CPU cost) and its GPU busy
+        # time, the projection's basis when the profile has CUDA activity
+        "profile_step_ms": projection.get("wall_step_ms", projection["step_ms"]) if projection else None,
+        "profile_gpu_busy_ms": projection["step_ms"] if projection and projection.get("basis") == "gpu_busy" else None,
         "projected_saved_ms": projection["saved_ms"] if projection else None,
         # torch's time per step in the tuned keys, and the speed-up if they took none: the most that
         # replacing these ops alone can give on this step (Amdahl)

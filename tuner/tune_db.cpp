@@ -65,13 +65,16 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     r.steps = step_rows / r.ranks;
   }
   {
-    Statement s(db.handle(), "SELECT avg(wall_ms), coalesce(avg(gpu_busy_ms), 0) FROM step_stats WHERE run_id = ?"
+    Statement s(db.handle(), "SELECT wall_ms, gpu_busy_ms FROM step_stats WHERE run_id = ?"
                              " AND rank = (SELECT min(rank) FROM step_stats WHERE run_id = ?)");
     s.bind(1, r.id).bind(2, r.id);
-    if (s.step() && !s.column_is_null(0)) {
-      r.step_ms = s.column_double(0);
-      r.gpu_busy_ms = s.column_double(1);
+    std::vector<double> wall, busy;
+    while (s.step()) {
+      if (!s.column_is_null(0)) wall.push_back(s.column_double(0));
+      if (!s.column_is_null(1)) busy.push_back(s.column_double(1));
     }
+    r.step_ms = summarize(wall).median_us;  // (summarize is unit-free: these are ms)
+    r.gpu_busy_ms = summarize(busy).median_us;
   }
   {
     Statement s(db.handle(), "SELECT count(*) FROM op_stats WHERE run_id = ? AND cuda_self_us > 0");

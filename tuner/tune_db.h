@@ -34,8 +34,10 @@ struct ProfiledRun {
   std::string command;
   int64_t ranks = 1;
   int64_t steps = 0;       // recorded, per rank
-  double step_ms = 0;      // mean wall time of a recorded step (rank 0)
-  double gpu_busy_ms = 0;  // mean GPU busy time of a recorded step (rank 0; 0 without CUDA activity)
+  // Medians over the recorded steps of the lowest rank: one slow step (a part file written, a
+  // collective waiting on a late rank) does not move them.
+  double step_ms = 0;      // wall time of a recorded step
+  double gpu_busy_ms = 0;  // GPU busy time of a recorded step (0 without CUDA activity)
   std::string time_basis;  // "cuda" or "cpu"
   // The step time shares and the projection are taken against: GPU busy time when the profile has
   // it (the time kernels can shorten, and unlike wall time not stretched by the profiler's own CPU
