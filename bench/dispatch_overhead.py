@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="times each process runs, alternating")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if min(args.calls, args.reps, args.rounds) < 1:
+        ap.error("--calls, --reps and --rounds must be at least 1")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

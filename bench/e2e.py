@@ -9,10 +9,14 @@ On the bundled Evoformer example (full size), same seed and data in every run:
   2. hfnn tune      its LayerNorm keys; the projected speed-up comes from here
   3. train --steps with torch's kernels, then the same with HFNN_DISPATCH_DB=shapes.db, alternating
      --repeats times so drift in clocks or temperature hits both alike
-The result is a JSON object: gpu, world_size, dtype, steps, torch_step_ms, hfnn_step_ms (medians
-over every timed step of every repeat), measured_speedup, projected_speedup, projection_error_pct,
-max_loss_diff (largest difference of the loss at the same step), both loss curves and step times,
-and what the dispatcher ran (HFNN_VERBOSE's summary). --plot writes an SVG of step time and loss.
+The result is a JSON object: gpu, world_size, dtype, tf32, steps, torch_step_ms, hfnn_step_ms
+(medians over every timed step of every repeat), measured_speedup, projected_speedup,
+projection_error_pct, max_loss_diff (largest difference of the loss at the same step),
+profile_step_ms and profile_gpu_busy_ms (the profiled step's wall and GPU busy time: the
+projection's basis), projected_saved_ms, tuned_ops_torch_ms and ceiling_speedup (torch's time per
+step in the tuned keys, and the speed-up if they took none), the tune table, both loss curves and
+step times, and what the dispatcher ran (HFNN_VERBOSE's summary). --plot writes an SVG of step
+time and loss.
 """
 from __future__ import annotations
 
@@ -117,7 +121,7 @@ def main():
     torch_ms = statistics.median(t for run_ in runs["torch"] for t in run_["step_ms"])
     hfnn_ms = statistics.median(t for run_ in runs["hfnn"] for t in run_["step_ms"])
     measured = torch_ms / hfnn_ms
-    projected = projection["speedup"] if projection else None
+    projected = projection.get("speedup") if projection else None  # null: the savings were the whole step
     loss_diff = max(abs(a - b) for a, b in zip(runs["torch"][0]["loss"], runs["hfnn"][0]["loss"]))
     gpu = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
     result = {

@@ -257,10 +257,14 @@ std::string report_text(const nlohmann::json& r) {
   return out;
 }
 
+std::string speedup_text(const nlohmann::json& speedup) {
+  return speedup.is_number() ? fmt::format("{:.3f}x", speedup.get<double>()) : "no bound";
+}
+
 std::string projection_text(const nlohmann::json& p) {
   const bool busy = p.value("basis", std::string("wall")) == "gpu_busy";
-  return fmt::format("Projected step time: {:.2f} ms -> {:.2f} ms ({:.3f}x){}, {:.2f} ms/step saved on these keys",
-                     p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), p["speedup"].get<double>(),
+  return fmt::format("Projected step time: {:.2f} ms -> {:.2f} ms ({}){}, {:.2f} ms/step saved on these keys",
+                     p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), speedup_text(p["speedup"]),
                      busy ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)",
                                         p["wall_step_ms"].get<double>())
                           : "",

@@ -33,6 +33,8 @@ std::string ceiling_text(const nlohmann::json& projection);
 // "Projected step time: ..." on the projection's basis (GPU busy time, with the profiled wall time
 // beside it, or wall time), and a note when the GPU idled over 15% of the profiled step (empty if not).
 std::string projection_text(const nlohmann::json& projection);
+// "1.124x", or "no bound" for a null (infinite) speed-up.
+std::string speedup_text(const nlohmann::json& speedup);
 std::string cpu_bound_note(const nlohmann::json& projection);
 // "rows=32768,D=256,affine=1" -> "32768 x 256"; any other key as it is.
 std::string key_label(const std::string& key);

@@ -178,9 +178,9 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                        escape(env["hfnn"].get<std::string>()));
       if (e.contains("projection")) {
         const auto& pr = e["projection"];
-        h += fmt::format("<p>Projected step time <b>{:.2f} ms &rarr; {:.2f} ms ({:.3f}x)</b>{}: {:.2f} ms per step saved "
+        h += fmt::format("<p>Projected step time <b>{:.2f} ms &rarr; {:.2f} ms ({})</b>{}: {:.2f} ms per step saved "
                          "by the winners below (measured per call, times calls per step).</p>\n",
-                         pr["step_ms"].get<double>(), pr["projected_step_ms"].get<double>(), pr["speedup"].get<double>(),
+                         pr["step_ms"].get<double>(), pr["projected_step_ms"].get<double>(), speedup_text(pr["speedup"]),
                          pr.value("basis", std::string("wall")) == "gpu_busy"
                              ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)",
                                            pr["wall_step_ms"].get<double>())

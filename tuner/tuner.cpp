@@ -140,7 +140,7 @@ Projection project(double step_ms, const std::vector<KeySaving>& savings) {
   }
   p.saved_ms = std::min(p.saved_ms, step_ms);
   p.projected_step_ms = step_ms - p.saved_ms;
-  p.speedup = p.projected_step_ms > 0 ? step_ms / p.projected_step_ms : 1.0;
+  p.speedup = p.projected_step_ms > 0 ? step_ms / p.projected_step_ms : std::numeric_limits<double>::infinity();
   p.torch_ms = std::min(p.torch_ms, step_ms);
   p.ceiling = p.torch_ms < step_ms ? step_ms / (step_ms - p.torch_ms) : std::numeric_limits<double>::infinity();
   return p;

@@ -80,7 +80,7 @@ struct Projection {
   double step_ms = 0;
   double saved_ms = 0;  // per step
   double projected_step_ms = 0;
-  double speedup = 1;
+  double speedup = 1;   // infinite when the savings are the whole step
   double torch_ms = 0;  // per step: torch's time in these keys (calls per step times torch's median)
   double ceiling = 1;   // the speed-up if these keys took no time at all: what no kernel can beat
 };

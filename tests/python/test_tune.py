@@ -41,6 +41,10 @@ def profiled(tmp_path_factory):
     out = subprocess.run([HFNN, "profile", "-q", "--db", str(d / "shapes.db"), "--python", sys.executable,
                           str(SCRIPTS / "tiny_train.py"), "6"], capture_output=True, text=True, timeout=120, cwd=d)
     assert out.returncode == 0, out.stderr
+    # Steps of 10 ms, whatever this host's speed: the stand-in's times (torch 100 µs, the winner 50)
+    # then stay a known part of the step, below the whole of it.
+    with sqlite3.connect(d / "shapes.db") as con:
+        con.execute("UPDATE step_stats SET wall_ms = 10 + 0.01 * step")
     return d / "shapes.db"
 
 
@@ -151,6 +155,19 @@ def test_the_projection_is_on_gpu_busy_time_and_says_when_the_step_is_cpu_bound(
     assert abs(p["speedup"] - busy / (busy - p["saved_ms"])) < 1e-9
     assert "of GPU busy time" in out.stdout
     assert ("CPU-bound under the profiler" in out.stdout) == (busy_fraction < 0.85)
+
+
+def test_savings_as_large_as_the_step_have_no_bound_in_json_and_text(db):
+    # GPU busy 0.1 ms a step, torch's keys 0.4 ms: the projection and the ceiling have no bound
+    # (JSON null, "no bound" in words), never a made-up 1.0x.
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE step_stats SET gpu_busy_ms = 0.1")
+    out = tune(db)
+    assert out.returncode == 0, out.stderr
+    p = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"], capture_output=True,
+                                  text=True).stdout)["tune"]["envs"][0]["projection"]
+    assert p["speedup"] is None and p["ceiling"] is None and p["projected_step_ms"] == 0
+    assert "(no bound)" in out.stdout and "all of it, so no bound" in out.stdout
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
