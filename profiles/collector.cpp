@@ -458,21 +458,29 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     // A shape scope is a label around a module call, not an op: its time shows in its shape row.
     static OpTotals scope_sink;
     OpTotals* totals = nullptr;
-    if (fn.scope() == at::RecordScope::FUNCTION) {
-      // An op's name is its schema's, stable for the process: look its totals up by pointer, per
-      // thread, instead of building a string key for every call (the collector's main cost on
-      // CPU-bound steps).
-      thread_local std::unordered_map<uintptr_t, OpTotals*> cache;
+    if (name.rfind(kShapeScope, 0) == 0) {
+      totals = &scope_sink;
+    } else {
+      // Looked up by the name's text in a per-thread hash map whose keys view the names stored in
+      // `ops` (map nodes never move), so a call builds no string (building one per call was the
+      // collector's main cost on CPU-bound steps). Not by the name's address: only a dispatcher
+      // op's name lives as long as the process; a backward node's, or the engine's
+      // "autograd::engine::evaluate_function: ..." record's, is a string of that one record,
+      // and a later record with another name can get the same address.
+      thread_local std::unordered_map<std::string_view, OpTotals*> cache[2];  // forward, backward
       thread_local uint64_t cache_generation = ~uint64_t{0};
       if (cache_generation != s.generation) {
-        cache.clear();
+        cache[0].clear();
+        cache[1].clear();
         cache_generation = s.generation;
       }
-      OpTotals*& slot = cache[reinterpret_cast<uintptr_t>(fn.name()) * 2 + (f.backward ? 1 : 0)];
-      if (!slot) slot = &s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
-      totals = slot;
-    } else {
-      totals = name.rfind(kShapeScope, 0) == 0 ? &scope_sink : &s.ops[{std::string(name), f.backward ? "bwd" : "fwd"}];
+      auto& by_name = cache[f.backward ? 1 : 0];
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        auto node = s.ops.try_emplace({std::string(name), f.backward ? "bwd" : "fwd"}).first;
+        it = by_name.emplace(std::string_view(node->first.first), &node->second).first;
+      }
+      totals = it->second;
     }
     OpTotals& t = *totals;
     ++t.calls;

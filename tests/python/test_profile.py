@@ -77,6 +77,33 @@ def test_backward_nodes_name_the_forward_op_that_made_them(tmp_path):
     assert all(o["forward_op"] == links.get(n, o["forward_op"]) for n, o in ops.items())
 
 
+CHAIN_SCRIPT = """
+import torch
+p = torch.nn.Parameter(torch.randn(8))
+opt = torch.optim.SGD([p], lr=1e-3)
+for _ in range(4):
+    y = p
+    for _ in range(200):
+        y = (y * 1.0001 + 1.0) * 0.5  # MulBackward0 twice, AddBackward0 once, 200 times a step
+    y.sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_backward_records_count_under_their_own_names(tmp_path):
+    # The engine's "autograd::engine::evaluate_function: X" records carry names that live only as
+    # long as the record: each must count under its own name, as often as node X itself ran.
+    (tmp_path / "chain.py").write_text(CHAIN_SCRIPT)
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "chain.py")
+    assert out.returncode == 0, out.stderr
+    calls = dict(rows(tmp_path / "shapes.db", "SELECT name, calls FROM op_stats WHERE phase = 'bwd'"))
+    prefix = "autograd::engine::evaluate_function: "
+    assert (calls["MulBackward0"], calls["AddBackward0"]) == (3 * 400, 3 * 200)
+    for node in ("MulBackward0", "AddBackward0", "SumBackward0"):
+        assert calls[prefix + node] == calls[node], (node, calls)
+
+
 def test_the_database_does_not_grow_with_steps(tmp_path):
     sizes = []
     for steps in (10, 400):
