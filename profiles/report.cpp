@@ -261,18 +261,23 @@ std::string speedup_text(const nlohmann::json& speedup) {
   return speedup.is_number() ? fmt::format("{:.3f}x", speedup.get<double>()) : "no bound";
 }
 
+namespace {
+bool on_gpu_busy(const nlohmann::json& p) { return p.value("basis", std::string("wall")) == "gpu_busy"; }
+}  // namespace
+
+std::string basis_text(const nlohmann::json& p) {
+  return on_gpu_busy(p) ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)", p["wall_step_ms"].get<double>())
+                        : "";
+}
+
 std::string projection_text(const nlohmann::json& p) {
-  const bool busy = p.value("basis", std::string("wall")) == "gpu_busy";
   return fmt::format("Projected step time: {:.2f} ms -> {:.2f} ms ({}){}, {:.2f} ms/step saved on these keys",
                      p["step_ms"].get<double>(), p["projected_step_ms"].get<double>(), speedup_text(p["speedup"]),
-                     busy ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)",
-                                        p["wall_step_ms"].get<double>())
-                          : "",
-                     p["saved_ms"].get<double>());
+                     basis_text(p), p["saved_ms"].get<double>());
 }
 
 std::string cpu_bound_note(const nlohmann::json& p) {
-  if (p.value("basis", std::string("wall")) != "gpu_busy") return {};
+  if (!on_gpu_busy(p)) return {};
   const double busy = p["step_ms"].get<double>(), wall = p["wall_step_ms"].get<double>();
   if (wall <= 0 || busy >= 0.85 * wall) return {};
   return fmt::format("Note: the GPU was busy {:.0f}% of the profiled step, so the step is CPU-bound under the profiler "

@@ -33,6 +33,8 @@ std::string ceiling_text(const nlohmann::json& projection);
 // "Projected step time: ..." on the projection's basis (GPU busy time, with the profiled wall time
 // beside it, or wall time), and a note when the GPU idled over 15% of the profiled step (empty if not).
 std::string projection_text(const nlohmann::json& projection);
+// " of GPU busy time (wall N ms under the profiler)" when the projection is on busy time, else "".
+std::string basis_text(const nlohmann::json& projection);
 // "1.124x", or "no bound" for a null (infinite) speed-up.
 std::string speedup_text(const nlohmann::json& speedup);
 std::string cpu_bound_note(const nlohmann::json& projection);

@@ -181,11 +181,7 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
         h += fmt::format("<p>Projected step time <b>{:.2f} ms &rarr; {:.2f} ms ({})</b>{}: {:.2f} ms per step saved "
                          "by the winners below (measured per call, times calls per step).</p>\n",
                          pr["step_ms"].get<double>(), pr["projected_step_ms"].get<double>(), speedup_text(pr["speedup"]),
-                         pr.value("basis", std::string("wall")) == "gpu_busy"
-                             ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)",
-                                           pr["wall_step_ms"].get<double>())
-                             : "",
-                         pr["saved_ms"].get<double>());
+                         escape(basis_text(pr)), pr["saved_ms"].get<double>());
         if (pr.contains("torch_ms")) h += "<p>" + escape(ceiling_text(pr)) + "</p>\n";
         if (const std::string note = cpu_bound_note(pr); !note.empty()) h += "<p>" + escape(note) + "</p>\n";
       }

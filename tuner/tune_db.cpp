@@ -120,7 +120,7 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     k.fwd_calls_per_step = k.fwd_calls / per;
     k.bwd_calls_per_step = k.bwd_calls / per;
     k.run_pct = all_fwd_calls > 0 ? 100.0 * k.fwd_calls / all_fwd_calls : 0.0;
-    const double basis_total_ms = r.gpu_busy_ms > 0 ? busy_total_ms : wall_total_ms;  // the basis of basis_ms()
+    const double basis_total_ms = r.on_gpu_busy() ? busy_total_ms : wall_total_ms;  // the basis of basis_ms()
     k.share_pct = basis_total_ms > 0 ? 100.0 * k.time_us / 1e3 / basis_total_ms : 0.0;
     r.keys.push_back(k);
   }
@@ -277,7 +277,7 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
                         {"keys_tuned", tuned}, {"keys_in_run", run.keys.size()}, {"rows", rows}};
     if (run.basis_ms() > 0) {
       const Projection p = project(run.basis_ms(), savings);
-      e["projection"] = {{"basis", run.gpu_busy_ms > 0 ? "gpu_busy" : "wall"}, {"wall_step_ms", run.step_ms},
+      e["projection"] = {{"basis", run.on_gpu_busy() ? "gpu_busy" : "wall"}, {"wall_step_ms", run.step_ms},
                          {"step_ms", p.step_ms}, {"saved_ms", p.saved_ms}, {"projected_step_ms", p.projected_step_ms},
                          {"speedup", finite_or_null(p.speedup)}, {"torch_ms", p.torch_ms},
                          {"ceiling", finite_or_null(p.ceiling)}};

@@ -42,7 +42,8 @@ struct ProfiledRun {
   // The step time shares and the projection are taken against: GPU busy time when the profile has
   // it (the time kernels can shorten, and unlike wall time not stretched by the profiler's own CPU
   // cost, which can be large on CPU-bound steps), else wall time.
-  double basis_ms() const { return gpu_busy_ms > 0 ? gpu_busy_ms : step_ms; }
+  bool on_gpu_busy() const { return gpu_busy_ms > 0; }
+  double basis_ms() const { return on_gpu_busy() ? gpu_busy_ms : step_ms; }
   std::vector<ProfiledKey> keys;  // by share, largest first
   // Shapes of recorded ops that hfnn cannot tune yet: op -> number of distinct shapes.
   std::vector<std::pair<std::string, int64_t>> untunable;
