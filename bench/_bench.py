@@ -37,3 +37,15 @@ def write_result(result: dict, out: Path | None, leave_out: tuple = ()) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in leave_out}, indent=1))
+
+
+def copy_tbps(timed) -> float:
+    """The ceiling kernels are held against: TB/s (bytes read + written) of a 1 GiB device-to-device
+    copy by a kernel (a graph's memcpy node may go to a copy engine, which is slower than the SMs).
+    `timed(calls)` returns the median µs per call first."""
+    import torch
+
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    us = timed([lambda: torch.neg(src, out=dst)] * 4)[0]
+    return 2 * src.numel() * 4 / (us * 1e-6) / 1e12

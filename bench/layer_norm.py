@@ -22,6 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import _bench  # this folder is on sys.path when a script here runs
+
 # The seed's table (shapes/000_*.txt): AlphaFold's LayerNorm inputs with how often each runs.
 SEED_SHAPES = [
     ([1, 256, 256, 128], 59.96),
@@ -69,13 +71,7 @@ def bench_all(args):
         times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
         return statistics.median(times), statistics.quantiles(times, n=5)
 
-    # Ceiling: a large device-to-device copy by a kernel (a graph's memcpy node may go to a copy
-    # engine, which is slower than the SMs), bytes read + written.
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    copy_us, _ = graph_us([lambda: torch.neg(src, out=dst)] * 4)
-    copy_tbps = 2 * src.numel() * 4 / (copy_us * 1e-6) / 1e12
-    del src, dst
+    copy_tbps = _bench.copy_tbps(graph_us)
     print(f"{gpu}, torch {torch.__version__}: copy {copy_tbps:.2f} TB/s, L2 {l2 >> 20} MiB", flush=True)
 
     records = []

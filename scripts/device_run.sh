@@ -3,6 +3,7 @@
 # and logs under $OUT. Stages to run are the arguments (default: all):
 #   tests     C++ variant tests (gtest) and the Python tests, GPU ones included
 #   tests-quick  gtest and the LayerNorm and dispatch Python tests only (about 3 minutes less)
+#   gtest     the C++ tests alone (every variant against the float64 reference)
 #   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
 #   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
@@ -14,6 +15,11 @@
 #             config in $E2E_CONFIGS (default "float32 bfloat16"; float32-tf32 adds --tf32)
 #   pytest-k  only the Python tests that $PYTEST_K selects (pytest -k), verbose, with timings
 #   e2e-multi bench/e2e.py under torchrun on every GPU of the machine
+#   widths    tests/python/test_layer_norm_widths.py: every variant at every width (1 to 262,144)
+#   sweep     bench/layer_norm_sweep.py: LayerNorm over 44 widths x 3 sizes x 3 dtypes, torch and
+#             every variant ($SWEEP_CANDIDATES: others; $SWEEP_ARGS adds options)
+#   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
+#   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
@@ -72,6 +78,10 @@ pathlib.Path(out).write_text(json.dumps({
     "pytest": {"exit_code": int(pytest_rc), "summary": last(pytest_log, "passed")},
 }, indent=1) + "\n")
 PY
+fi
+if want gtest; then
+  timeout ${GTEST_TIMEOUT:-300} "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" \
+    | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error|Which is|Expected" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want tests-quick; then
   "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED) |Failure" || true
@@ -145,6 +155,25 @@ if want e2e-multi; then
   python3 bench/e2e.py --nproc "$ngpu" --out "$OUT/e2e-$gpu-x$ngpu.json" --plot "$OUT/e2e-$gpu-x$ngpu.svg" \
     > "$OUT/e2e-multi.log" 2>&1 || status=1
   tail -22 "$OUT/e2e-multi.log"
+fi
+if want widths; then
+  timeout 560 python3 -m pytest tests/python/test_layer_norm_widths.py -q -p no:cacheprovider --durations=12 \
+    -o faulthandler_timeout=300 2>&1 | tee "$OUT/widths.log" | tail -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want sweep; then
+  timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_sweep-$gpu.json" \
+    --candidates ${SWEEP_CANDIDATES:-torch variants} ${SWEEP_ARGS:-} \
+    2>&1 | tee "$OUT/sweep.log" | grep -E "FAILED|wrote|^- |^  - |copy" | head -80; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want default-check; then
+  timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-$gpu.json" \
+    --candidates torch default --widths sweep between 2>&1 | tee "$OUT/default-check.log" \
+    | grep -E "FAILED|wrote|^- |^  - |copy" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want sweep-compile; then
+  timeout ${COMPILE_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --candidates compile --sizes 16M \
+    --out "$OUT/layer_norm_sweep-compile-$gpu.json" 2>&1 | tee "$OUT/sweep-compile.log" \
+    | grep -E "FAILED|wrote|compiled|copy" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)

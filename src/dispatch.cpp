@@ -69,6 +69,8 @@ const char* fallback_name(Fallback f) {
     case Fallback::kCpuTensor: return "CPU tensor";
     case Fallback::kUnsupported: return "input no variant takes";
     case Fallback::kVariantRefused: return "winner refused the input";
+    case Fallback::kLaunchFailed: return "kernel launch failed";
+    case Fallback::kBuiltinTorch: return "built-in choice is torch";
     case Fallback::kCount: break;
   }
   return "?";

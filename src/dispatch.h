@@ -88,6 +88,8 @@ enum class Fallback : int {
   kCpuTensor,      // not a CUDA tensor
   kUnsupported,    // dtype, layout, weight or bias no variant takes
   kVariantRefused, // the winner's supports() said no (alignment), or it is not in this build
+  kLaunchFailed,   // the chosen variant's launch failed (counted and warned about once; torch ran)
+  kBuiltinTorch,   // not tuned, and the built-in choice (measured per GPU) is torch's kernel
   kCount
 };
 const char* fallback_name(Fallback f);

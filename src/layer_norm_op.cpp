@@ -19,7 +19,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <functional>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -165,15 +168,70 @@ const Variant* choose(std::string_view name, const Params& p, std::span<const Va
   return v;
 }
 
-void check_launch(cudaError_t err, std::string_view name) {
-  TORCH_CHECK(err == cudaSuccess, "hfnn.layer_norm: variant ", std::string(name), " failed: ", cudaGetErrorString(err));
+// A variant the caller named (tests, hfnn tune) that failed is the caller's error: it raises, and
+// the tuner records the variant as failed for that key. A chosen one falls back (note_launch_failure).
+void check_launch(cudaError_t err, std::string_view name, bool named) {
+  if (!named) return;
+  (void)cudaGetLastError();
+  TORCH_CHECK(false, "hfnn.layer_norm: variant ", std::string(name), " failed: ", cudaGetErrorString(err));
 }
-
-int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 dispatch::Gpu device_gpu(int device) {
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
   return {props->name, fmt::format("{}.{}", props->major, props->minor), props->multiProcessorCount};
+}
+
+// The built-in choice's measurements for the device's GPU (null: this GPU was never swept, and the
+// built-in choice is torch's kernel), looked up once per device.
+const GpuDefaults* gpu_defaults(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<const GpuDefaults*>, kMaxDevices> found{};
+  static std::array<std::atomic<bool>, kMaxDevices> resolved{};
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  if (resolved[device].load(std::memory_order_acquire)) return found[device].load(std::memory_order_relaxed);
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
+  const GpuDefaults* g = Defaults::builtin().for_gpu(props->name, fmt::format("{}.{}", props->major, props->minor));
+  found[device].store(g, std::memory_order_relaxed);
+  resolved[device].store(true, std::memory_order_release);
+  return g;
+}
+
+// HFNN_STRICT=1 in the environment (also without HFNN_DISPATCH_DB, where the runtime was never
+// configured): a kernel that fails is an error, not a warning and torch's kernel.
+bool strict_env() {
+  static const bool strict = [] {
+    const char* v = std::getenv("HFNN_STRICT");
+    return v && std::string_view(v) == "1";
+  }();
+  return strict;
+}
+
+// HFNN_TEST_FAIL_LAUNCH=<variant>: that variant's launches fail as a refused launch would
+// (cudaErrorLaunchOutOfResources), without running, so tests can exercise the fall-back below.
+cudaError_t run_or_plant(std::string_view name, const std::function<cudaError_t()>& run) {
+  static const std::string planted = [] {
+    const char* v = std::getenv("HFNN_TEST_FAIL_LAUNCH");
+    return std::string(v ? v : "");
+  }();
+  if (!planted.empty() && name == planted) return cudaErrorLaunchOutOfResources;
+  return run();
+}
+
+// A chosen variant whose launch failed (the device refused it, or memory ran out): the error is
+// cleared, counted and warned about once per variant, and the call runs torch's kernel instead, so
+// a kernel's failure never ends training. Under HFNN_STRICT=1 it is an error.
+void note_launch_failure(bool backward, std::string_view name, cudaError_t err, int64_t rows, int64_t cols,
+                         kernels::DType dtype) {
+  (void)cudaGetLastError();  // a launch-configuration error is not sticky: keep it from the next check
+  auto& rt = dispatch::Runtime::get();
+  const std::string message =
+      fmt::format("LayerNorm {} variant '{}' failed on rows={}, D={}, {} ({}); that call and any like it run "
+                  "torch's kernel",
+                  backward ? "backward" : "forward", name, rows, cols, kernels::dtype_name(dtype),
+                  cudaGetErrorString(err));
+  TORCH_CHECK(!strict_env(), "hfnn (HFNN_STRICT=1): ", message);
+  rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
+  rt.warn_once(fmt::format("launch:{}:{}", backward ? "bwd" : "fwd", name), message);
 }
 
 // The tuned table's pick for this problem (HFNN_DISPATCH_DB), else the built-in heuristic or torch.
@@ -212,6 +270,8 @@ const Variant* table_choice(const Params& p, bool backward, int device, bool aff
       rt.count_variant(backward, static_cast<int>(v - all.data()));
       return v;
     }
+    rt.count_fallback(backward, dispatch::Fallback::kBuiltinTorch);
+    return nullptr;
   }
   rt.count_fallback(backward, map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
   return nullptr;
@@ -263,11 +323,14 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
   p.cols = cols;
   p.eps = static_cast<float>(eps);
   p.dtype = *kernel_dtype(x.scalar_type());
+  p.device = kernels::device_info(input.get_device());
   const bool affine = p.gamma != nullptr;
+  const GpuDefaults* measured = gpu_defaults(input.get_device());
+  const auto builtin = [measured](const k::FwdParams& q) { return default_fwd(q, measured); };
   const k::FwdVariant* v =
       variant.empty() && dispatch::Runtime::get().active()
-          ? table_choice<k::FwdVariant>(p, false, input.get_device(), affine, caller, k::fwd_variants(), default_fwd)
-          : choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, default_fwd);
+          ? table_choice<k::FwdVariant>(p, false, input.get_device(), affine, caller, k::fwd_variants(), builtin)
+          : choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, builtin);
   if (!v) return torch_fwd(input, normalized_shape, weight, bias, eps);
   Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
@@ -275,7 +338,12 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
   p.y = y.data_ptr();
   p.mean = mean.data_ptr<float>();
   p.rstd = rstd.data_ptr<float>();
-  check_launch(v->run(p, at::cuda::getCurrentCUDAStream()), v->name);
+  if (const cudaError_t err = run_or_plant(v->name, [&] { return v->run(p, at::cuda::getCurrentCUDAStream()); });
+      err != cudaSuccess) {
+    check_launch(err, v->name, !variant.empty());
+    note_launch_failure(false, v->name, err, rows, cols, p.dtype);
+    return torch_fwd(input, normalized_shape, weight, bias, eps);
+  }
   const auto shape = stat_shape(input, normalized_shape);
   return {y, mean.view(shape), rstd.view(shape)};
 #else
@@ -318,12 +386,14 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
   p.rows = rows;
   p.cols = cols;
   p.dtype = *kernel_dtype(x.scalar_type());
-  p.sm_count = sm_count();
+  p.device = kernels::device_info(input.get_device());
   const bool affine = p.gamma != nullptr;
+  const GpuDefaults* measured = gpu_defaults(input.get_device());
+  const auto builtin = [measured](const k::BwdParams& q) { return default_bwd(q, measured); };
   const k::BwdVariant* v =
       variant.empty() && dispatch::Runtime::get().active()
-          ? table_choice<k::BwdVariant>(p, true, input.get_device(), affine, caller, k::bwd_variants(), default_bwd)
-          : choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, default_bwd);
+          ? table_choice<k::BwdVariant>(p, true, input.get_device(), affine, caller, k::bwd_variants(), builtin)
+          : choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, builtin);
   if (!v) return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   Tensor dx = output_mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : Tensor();
   Tensor dgamma = output_mask[1] && has_weight ? at::empty_like(*weight) : Tensor();
@@ -337,7 +407,12 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
     workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
     p.workspace = workspace.data_ptr();
   }
-  check_launch(v->run(p, at::cuda::getCurrentCUDAStream()), v->name);
+  if (const cudaError_t err = run_or_plant(v->name, [&] { return v->run(p, at::cuda::getCurrentCUDAStream()); });
+      err != cudaSuccess) {
+    check_launch(err, v->name, !variant.empty());
+    note_launch_failure(true, v->name, err, rows, cols, p.dtype);
+    return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+  }
   return {dx, dgamma, dbeta};
 #else
   return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
@@ -499,37 +574,65 @@ Tensor layer_norm_plain(const Tensor& input, at::IntArrayRef normalized_shape, c
   return std::get<0>(fwd_op().call(input, normalized_shape, weight, bias, eps, ""));
 }
 
+#if HFNN_KERNELS
+// Parameters for asking variants about an input before any output exists: x stands in for every
+// output (all come from torch's allocator, >= 256-byte aligned, as x's contiguous copy does).
+k::FwdParams fwd_stand_in(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                          int64_t rows, int64_t cols) {
+  k::FwdParams p;
+  p.x = p.y = x.data_ptr();
+  p.gamma = data_or_null(weight);
+  p.beta = data_or_null(bias);
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = *kernel_dtype(x.scalar_type());
+  p.device = kernels::device_info(x.get_device());
+  return p;
+}
+
+k::BwdParams bwd_stand_in(const Tensor& x, const std::optional<Tensor>& weight, int64_t rows, int64_t cols) {
+  k::BwdParams p;
+  p.x = p.dy = p.dx = x.data_ptr();
+  p.gamma = data_or_null(weight);
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = *kernel_dtype(x.scalar_type());
+  p.device = kernels::device_info(x.get_device());
+  return p;
+}
+#endif
+
 bool supports(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
               const std::optional<Tensor>& bias, c10::string_view variant) {
   const auto [rows, cols] = rows_cols(input, normalized_shape);
   if (!unsupported_reason(input, weight, bias, rows, cols).empty()) return false;
 #if HFNN_KERNELS
-  // Outputs come from torch's allocator (>= 256-byte aligned): x's alignment stands in for theirs.
   const Tensor x = input.contiguous();
-  const auto dtype = *kernel_dtype(x.scalar_type());
-  if (const auto* v = k::find_fwd(variant)) {
-    k::FwdParams p;
-    p.x = p.y = x.data_ptr();
-    p.gamma = data_or_null(weight);
-    p.beta = data_or_null(bias);
-    p.rows = rows;
-    p.cols = cols;
-    p.dtype = dtype;
-    return v->supports(p);
-  }
-  if (const auto* v = k::find_bwd(variant)) {
-    k::BwdParams p;
-    p.x = p.dy = p.dx = x.data_ptr();
-    p.gamma = data_or_null(weight);
-    p.rows = rows;
-    p.cols = cols;
-    p.dtype = dtype;
-    return v->supports(p);
-  }
+  if (const auto* v = k::find_fwd(variant)) return v->supports(fwd_stand_in(x, weight, bias, rows, cols));
+  if (const auto* v = k::find_bwd(variant)) return v->supports(bwd_stand_in(x, weight, rows, cols));
   TORCH_CHECK(false, "hfnn.layer_norm: no variant named '", std::string(variant), "'; known: ",
               known_names(k::fwd_variants()), ", ", known_names(k::bwd_variants()));
 #endif
   return false;
+}
+
+// The built-in choice for this input (no tuned table): a variant's name, or "torch".
+std::string default_choice(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
+                           const std::optional<Tensor>& bias, bool backward) {
+  const auto [rows, cols] = rows_cols(input, normalized_shape);
+  if (!unsupported_reason(input, weight, bias, rows, cols).empty()) return "torch";
+#if HFNN_KERNELS
+  const Tensor x = input.contiguous();
+  const GpuDefaults* measured = gpu_defaults(x.get_device());
+  if (!backward) {
+    const auto* v = default_fwd(fwd_stand_in(x, weight, bias, rows, cols), measured);
+    return v ? std::string(v->name) : "torch";
+  }
+  const auto* v = default_bwd(bwd_stand_in(x, weight, rows, cols), measured);
+  return v ? std::string(v->name) : "torch";
+#else
+  return "torch";
+#endif
 }
 
 // Puts our kernels over torch's for aten::native_layer_norm and its backward, CUDA and CPU, once.
@@ -610,6 +713,8 @@ TORCH_LIBRARY_FRAGMENT(hfnn, m) {
   m.def("layer_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, str variant='') -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_supports(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, str variant) -> bool");
   m.impl("layer_norm_supports", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::supports));
+  m.def("layer_norm_default(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, bool backward) -> str");
+  m.impl("layer_norm_default", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::default_choice));
   m.def("dispatch_load(str path, str torch_version, str cuda_version, str hfnn_version, str policy, bool strict) -> str",
         TORCH_FN(hfnn::layer_norm::dispatch_load));
   m.def("dispatch_stats() -> str", TORCH_FN(hfnn::layer_norm::dispatch_stats));

@@ -1,59 +1,172 @@
 #include "src/layer_norm_select.h"
 
-#include <string_view>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/common/dtype.h"
 
 namespace hfnn::layer_norm {
-#if HFNN_WITH_CUDA
-namespace k = kernels::layer_norm;
+
+// The compiled-in src/layer_norm_defaults.json (CMake writes it into a generated source).
+extern const char kDefaultsJson[];
 
 namespace {
 
-// Threads per row for the register variants: the fewest that keep each thread's row slice at or
-// under kTarget 16-byte accesses (more accesses per thread = more loads in flight, fewer shuffles);
-// past that, 32 (a warp per row, up to 8 accesses each). 0: the row is too wide for registers.
-template <int kTarget>
-int pick_tpr(int64_t cols, kernels::DType dtype) {
-  const int64_t vec = 16 / static_cast<int64_t>(kernels::dtype_size(dtype));
-  for (int tpr : {4, 8, 16, 32})
-    if (cols <= static_cast<int64_t>(tpr) * vec * kTarget) return tpr;
-  return cols <= 32 * vec * 8 ? 32 : 0;
+// The row's alignment in bytes, up to 16: what decides which kernels vectorize (ours need 16,
+// torch's 16-bit kernels 8), so measurements transfer only between widths of one class.
+int alignment_class(kernels::DType dtype, int64_t cols) {
+  const int64_t bytes = cols * static_cast<int64_t>(kernels::dtype_size(dtype));
+  int a = 1;
+  while (a < 16 && bytes % (2 * a) == 0) a *= 2;
+  return a;
 }
 
-// The registry's names (kernels/layer_norm/layer_norm_registry.cu), by [two rows][threads per row
-// 4, 8, 16, 32]: a table, so the per-call path builds no strings.
-constexpr std::string_view kFwdRegs[2][4] = {{"fwd_regs_tpr4", "fwd_regs_tpr8", "fwd_regs_tpr16", "fwd_regs_tpr32"},
-                                             {"fwd_regs_tpr4_r2", "fwd_regs_tpr8_r2", "fwd_regs_tpr16_r2",
-                                              "fwd_regs_tpr32_r2"}};
-constexpr std::string_view kBwdRegs[4] = {"bwd_regs_tpr4", "bwd_regs_tpr8", "bwd_regs_tpr16", "bwd_regs_tpr32"};
+int class_index(int alignment) { return alignment == 16 ? 4 : alignment == 8 ? 3 : alignment == 4 ? 2 : alignment == 2 ? 1 : 0; }
 
-int tpr_index(int tpr) { return tpr == 4 ? 0 : tpr == 8 ? 1 : tpr == 16 ? 2 : 3; }
+std::size_t group_of(kernels::DType dtype, bool backward, int alignment) {
+  return (static_cast<std::size_t>(dtype) * 2 + (backward ? 1 : 0)) * 5 + static_cast<std::size_t>(class_index(alignment));
+}
 
-template <typename Variant, typename Params>
-const Variant* first_supporting(std::initializer_list<const Variant*> candidates, const Params& p) {
-  for (const Variant* v : candidates)
-    if (v && v->supports(p)) return v;
-  return nullptr;
+kernels::DType dtype_named(const std::string& name) {
+  for (auto d : {kernels::DType::kFloat32, kernels::DType::kFloat16, kernels::DType::kBFloat16})
+    if (kernels::dtype_name(d) == name) return d;
+  throw std::runtime_error("unknown dtype '" + name + "'");
 }
 
 }  // namespace
 
-// From bench/results/layer_norm-h200.json (H200, widths 64 to 1024, float32 and bfloat16): the
-// fastest variants, or ones within 2% of them, hold 2 16-byte accesses per thread per row; the
-// forward in 16-bit types also takes two rows per group at once (13% faster at D = 64, bf16).
-const k::FwdVariant* default_fwd(const k::FwdParams& p) {
-  const int tpr = pick_tpr<2>(p.cols, p.dtype);
-  if (tpr == 0) return first_supporting({k::find_fwd("fwd_block")}, p);
-  const bool half = kernels::dtype_size(p.dtype) == 2;
-  // Two rows where the variant takes them (it says no past 2 accesses), else one, else the block.
-  return first_supporting({half ? k::find_fwd(kFwdRegs[1][tpr_index(tpr)]) : nullptr,
-                           k::find_fwd(kFwdRegs[0][tpr_index(tpr)]), k::find_fwd("fwd_block")},
-                          p);
+void GpuDefaults::add(Point p) {
+  auto& g = groups_[group_of(p.dtype, p.backward, alignment_class(p.dtype, p.cols))];
+  const auto at = std::upper_bound(g.begin(), g.end(), p, [](const Point& a, const Point& b) {
+    return a.cols != b.cols ? a.cols < b.cols : a.rows < b.rows;
+  });
+  g.insert(at, std::move(p));
 }
 
-const k::BwdVariant* default_bwd(const k::BwdParams& p) {
-  const int tpr = pick_tpr<2>(p.cols, p.dtype);
-  return first_supporting({tpr ? k::find_bwd(kBwdRegs[tpr_index(tpr)]) : nullptr, k::find_bwd("bwd_block")}, p);
+const Point* GpuDefaults::nearest(kernels::DType dtype, bool backward, int64_t rows, int64_t cols) const {
+  // This width's alignment class, else the nearest worse-aligned one that was measured: a kernel
+  // that vectorizes at an alignment also does at a better one, so worse-aligned data never claims
+  // more than the width gets.
+  const std::vector<Point>* found = nullptr;
+  for (int a = alignment_class(dtype, cols); a >= 1 && !found; a /= 2)
+    if (!groups_[group_of(dtype, backward, a)].empty()) found = &groups_[group_of(dtype, backward, a)];
+  if (!found) return nullptr;
+  const auto& g = *found;
+  // The nearest measured width on a log scale (ties to the narrower).
+  auto it = std::lower_bound(g.begin(), g.end(), cols, [](const Point& a, int64_t c) { return a.cols < c; });
+  int64_t width;
+  if (it == g.end()) {
+    width = g.back().cols;
+  } else if (it == g.begin() || it->cols == cols) {
+    width = it->cols;
+  } else {
+    const int64_t above = it->cols, below = std::prev(it)->cols;
+    width = std::log(static_cast<double>(above) / cols) < std::log(static_cast<double>(cols) / below) ? above : below;
+  }
+  // Then the nearest row count measured at that width.
+  const Point* best = nullptr;
+  double best_distance = 0;
+  for (auto p = std::lower_bound(g.begin(), g.end(), width, [](const Point& a, int64_t c) { return a.cols < c; });
+       p != g.end() && p->cols == width; ++p) {
+    const double distance = std::abs(std::log(static_cast<double>(p->rows) / static_cast<double>(rows)));
+    if (!best || distance < best_distance) {
+      best = &*p;
+      best_distance = distance;
+    }
+  }
+  return best;
 }
 
+Defaults Defaults::parse(std::string_view json, const std::vector<std::string>& fwd_names,
+                         const std::vector<std::string>& bwd_names) {
+  Defaults out;
+  try {
+    const auto doc = nlohmann::json::parse(json);
+    for (const auto& gpu : doc.at("gpus")) {
+      GpuDefaults g;
+      g.name = gpu.at("name").get<std::string>();
+      g.compute_capability = gpu.at("compute_capability").get<std::string>();
+      for (const auto& pt : gpu.at("points")) {
+        Point p;
+        p.dtype = dtype_named(pt.at("dtype").get<std::string>());
+        const std::string pass = pt.at("pass").get<std::string>();
+        if (pass != "fwd" && pass != "bwd") throw std::runtime_error("pass '" + pass + "' is not fwd or bwd");
+        p.backward = pass == "bwd";
+        p.rows = pt.at("rows").get<int64_t>();
+        p.cols = pt.at("cols").get<int64_t>();
+        if (p.rows < 1 || p.cols < 1) throw std::runtime_error("a point with rows or cols below 1");
+        const auto& names = p.backward ? bwd_names : fwd_names;
+        for (const auto& entry : pt.at("ranking")) {
+          const std::string name = entry.get<std::string>();
+          if (name == "torch") {
+            p.ranking.push_back(kTorch);
+            break;
+          }
+          const auto found = std::find(names.begin(), names.end(), name);
+          if (found != names.end()) p.ranking.push_back(static_cast<int>(found - names.begin()));
+        }
+        if (p.ranking.empty() || p.ranking.back() != kTorch) p.ranking.push_back(kTorch);
+        g.add(std::move(p));
+      }
+      out.gpus_.push_back(std::move(g));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("layer_norm defaults: ") + e.what());
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("layer_norm defaults: ") + e.what());
+  }
+  return out;
+}
+
+const GpuDefaults* Defaults::for_gpu(std::string_view name, std::string_view compute_capability) const {
+  for (const auto& g : gpus_)
+    if (g.name == name) return &g;
+  for (const auto& g : gpus_)
+    if (g.compute_capability == compute_capability) return &g;
+  return nullptr;
+}
+
+int first_accepted(const std::vector<int>& ranking, const std::function<bool(int)>& accepts) {
+  for (const int index : ranking) {
+    if (index == kTorch) return kTorch;
+    if (accepts(index)) return index;
+  }
+  return kTorch;
+}
+
+const Defaults& Defaults::builtin() {
+  static const Defaults d = [] {
+    std::vector<std::string> fwd, bwd;
+#if HFNN_WITH_CUDA
+    for (const auto& v : kernels::layer_norm::fwd_variants()) fwd.emplace_back(v.name);
+    for (const auto& v : kernels::layer_norm::bwd_variants()) bwd.emplace_back(v.name);
 #endif
+    return parse(kDefaultsJson, fwd, bwd);
+  }();
+  return d;
+}
+
+#if HFNN_WITH_CUDA
+namespace k = kernels::layer_norm;
+
+const k::FwdVariant* default_fwd(const k::FwdParams& p, const GpuDefaults* gpu) {
+  const Point* point = gpu ? gpu->nearest(p.dtype, false, p.rows, p.cols) : nullptr;
+  if (!point) return nullptr;
+  const auto all = k::fwd_variants();
+  const int index = first_accepted(point->ranking, [&](int i) { return all[static_cast<std::size_t>(i)].supports(p); });
+  return index == kTorch ? nullptr : &all[static_cast<std::size_t>(index)];
+}
+
+const k::BwdVariant* default_bwd(const k::BwdParams& p, const GpuDefaults* gpu) {
+  const Point* point = gpu ? gpu->nearest(p.dtype, true, p.rows, p.cols) : nullptr;
+  if (!point) return nullptr;
+  const auto all = k::bwd_variants();
+  const int index = first_accepted(point->ranking, [&](int i) { return all[static_cast<std::size_t>(i)].supports(p); });
+  return index == kTorch ? nullptr : &all[static_cast<std::size_t>(index)];
+}
+#endif
+
 }  // namespace hfnn::layer_norm

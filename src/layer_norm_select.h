@@ -1,14 +1,74 @@
-// Which LayerNorm variant runs when the caller names none: the built-in heuristic, used until a
-// tuned table (hfnn tune) says otherwise for a shape.
+// Which LayerNorm kernel runs when no tuned table names one: the built-in choice. It is data, not
+// rules: bench/layer_norm_sweep.py measures torch and every variant over widths, dtypes and sizes
+// on each GPU and writes, per measured point, the variants faster than torch there, fastest first
+// (src/layer_norm_defaults.json, compiled into the library). A call takes the ranking of the
+// nearest measured point on its GPU and runs the first variant that supports it; torch's kernel
+// where torch ranks first, where no variant of the ranking takes the input, and on GPUs the sweep
+// has not measured (`hfnn tune` measures any GPU, per shape).
 #pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "kernels/layer_norm/layer_norm.h"
 
 namespace hfnn::layer_norm {
 
+// A ranking entry: a variant's index in the registry's list (fwd_variants() or bwd_variants()),
+// or kTorch. Names this build lacks are dropped when the data is read.
+inline constexpr int kTorch = -1;
+
+struct Point {
+  kernels::DType dtype = kernels::DType::kFloat32;
+  bool backward = false;
+  int64_t rows = 0, cols = 0;
+  std::vector<int> ranking;  // fastest first; ends at kTorch
+};
+
+// One GPU's measurements, indexed for the per-call lookup.
+class GpuDefaults {
+ public:
+  std::string name, compute_capability;
+  // The measured point nearest to (rows, cols) for this dtype and pass: among points whose rows
+  // have the same alignment in bytes (2, 4, 8 or 16: what decides which kernels vectorize), else
+  // the nearest worse alignment measured, the nearest cols on a log scale, then the nearest rows.
+  // Null when nothing of that alignment or worse was measured.
+  const Point* nearest(kernels::DType dtype, bool backward, int64_t rows, int64_t cols) const;
+  void add(Point p);  // keeps the index sorted
+
+ private:
+  // [dtype][pass][alignment 1, 2, 4, 8, 16 bytes] -> points sorted by (cols, rows).
+  std::array<std::vector<Point>, 30> groups_;
+};
+
+class Defaults {
+ public:
+  // Reads the JSON of `bench/layer_norm_sweep.py --defaults`; `fwd_names` and `bwd_names` map
+  // variant names to registry indices (position in the list). Throws std::runtime_error when the
+  // text is not such a file.
+  static Defaults parse(std::string_view json, const std::vector<std::string>& fwd_names,
+                        const std::vector<std::string>& bwd_names);
+  // The compiled-in data, read once (against this build's registry).
+  static const Defaults& builtin();
+  // The measurements of this GPU: the same name, else the same compute capability; null: none.
+  const GpuDefaults* for_gpu(std::string_view name, std::string_view compute_capability) const;
+  const std::vector<GpuDefaults>& gpus() const { return gpus_; }
+
+ private:
+  std::vector<GpuDefaults> gpus_;
+};
+
+// The first entry of `ranking` that `accepts` (a registry index), up to kTorch; kTorch when none.
+int first_accepted(const std::vector<int>& ranking, const std::function<bool(int)>& accepts);
+
 #if HFNN_WITH_CUDA
-// Null when no variant supports the problem: the caller falls back to torch.
-const kernels::layer_norm::FwdVariant* default_fwd(const kernels::layer_norm::FwdParams& p);
-const kernels::layer_norm::BwdVariant* default_bwd(const kernels::layer_norm::BwdParams& p);
+// The built-in choice for p on a GPU with these measurements (null: unmeasured): a variant, or
+// null for torch's kernel.
+const kernels::layer_norm::FwdVariant* default_fwd(const kernels::layer_norm::FwdParams& p, const GpuDefaults* gpu);
+const kernels::layer_norm::BwdVariant* default_bwd(const kernels::layer_norm::BwdParams& p, const GpuDefaults* gpu);
 #endif
 
 }  // namespace hfnn::layer_norm

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/launch.h"
 
 namespace hfnn::kernels {
 
@@ -139,43 +140,50 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-// Whether the current device takes programmatic dependent launch (compute capability 9.0 on).
-inline bool device_has_pdl() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return major >= 9;
-}
-
+// Launches `kernel` with programmatic dependent launch where the device has it (so every kernel
+// launched this way must call wait_for_previous_grid() before touching global memory) and, with
+// cluster > 1, in thread-block clusters of that many consecutive blocks along x.
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                       Args&&... args) {
+cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                   int cluster, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  static const bool pdl = device_has_pdl();
+  cudaLaunchAttribute attribute[2];
+  unsigned n = 0;
+  if (current_device_info().pdl) {
+    attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster > 1) {
+    attribute[n].id = cudaLaunchAttributeClusterDimension;
+    attribute[n].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute[n].val.clusterDim.y = 1;
+    attribute[n].val.clusterDim.z = 1;
+    ++n;
+  }
   config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Dynamic shared memory the kernels may ask for: above the 48 KB default, within what Ampere and
-// Hopper allow a block (164 / 227 KB).
-inline constexpr std::size_t kMaxDynamicSmem = 160 * 1024;
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  return launch(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
+}
 
-// Opts `kernel` into `smem` bytes of dynamic shared memory when that is over the 48 KB default.
+// Typed front ends of kernels/common/launch.h.
 template <typename K>
 cudaError_t allow_smem(K kernel, std::size_t smem) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  return allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+}
+template <typename K>
+bool fits(K kernel, int64_t threads, std::size_t smem, const DeviceInfo& device) {
+  return launch_fits(reinterpret_cast<const void*>(kernel), threads, smem, device);
 }
 
 // Resident blocks of `kernel` the device can hold, at `threads` threads and `smem` dynamic bytes.

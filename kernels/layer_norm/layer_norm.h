@@ -10,7 +10,10 @@
 //
 // The kernels see only these parameter structs and a stream; torch lives in src/. Every variant
 // has a stable name (the dispatch database stores names: never rename one) and a supports() check
-// the caller must pass before run().
+// the caller must pass before run(): it is true exactly where the launch runs on `device` (shared
+// memory, static and dynamic, against the opt-in limit; threads against the kernel's registers;
+// clusters where the device has them), so run() fails only for a reason outside the variant (an
+// out-of-memory device, a sticky error from earlier work).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +21,7 @@
 #include <string_view>
 
 #include "kernels/common/dtype.h"
+#include "kernels/common/launch.h"
 
 #if HFNN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -36,6 +40,7 @@ struct FwdParams {
   int64_t cols = 0;
   float eps = 1e-5f;
   DType dtype = DType::kFloat32;  // of x, y, gamma and beta alike
+  DeviceInfo device;              // of the device the kernels run on: supports() checks its limits
 };
 
 struct BwdParams {
@@ -51,7 +56,7 @@ struct BwdParams {
   int64_t rows = 0;
   int64_t cols = 0;
   DType dtype = DType::kFloat32;
-  int sm_count = 1;  // of the device the kernels run on: persistent grids size themselves from it
+  DeviceInfo device;  // of the device the kernels run on: limits, and the SMs persistent grids fill
 };
 
 // The float64 CPU reference. Pointers are host pointers; the same struct layout as the kernels.

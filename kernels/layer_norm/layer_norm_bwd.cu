@@ -13,8 +13,9 @@
 //                               pipelining (rows of 1 or 2 accesses per thread only).
 //   bwd_block                   Persistent grid, one block per row at a time, any cols: a first pass
 //                               reads x and dy for the two row sums and the dgamma/dbeta partials
-//                               (kept per column in shared memory, each column owned by one thread),
-//                               a second pass re-reads them (from L1/L2) to write dx. Same fold.
+//                               (kept per column in shared memory, each column owned by one thread;
+//                               in the workspace where shared memory is too small), a second pass
+//                               re-reads them (from L1/L2) to write dx. Same fold.
 //
 // What moved the bf16 backward (H200, [65536, 128], bench/README.md): packs held as 32-bit words
 // instead of 16-bit arrays (the SASS had ~50 byte permutes an iteration; 20.3 -> 17.3 us), and
@@ -64,6 +65,14 @@ cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, in
   return launch_pdl(reduce_partials_kernel<T>, blocks, dim3(32, 32), 0, stream, partials, grid, p.cols,
                     static_cast<T*>(p.dgamma), static_cast<T*>(p.dbeta));
 }
+
+}  // namespace
+
+cudaError_t reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream) {
+  return dispatch_dtype(p.dtype, [&]<typename T>() { return launch_reduce_partials<T>(p, partials, grid, stream); });
+}
+
+namespace {
 
 // Resident blocks the compiler must leave room for, by elements a thread holds per iteration:
 // small slices are latency-bound and want occupancy more than registers. With the prefetch, 4
@@ -282,15 +291,17 @@ int regs_grid(const BwdParams& p) {
   auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
   // The fold's shared memory grows with cols; remember the last answer per instantiation.
   thread_local int64_t cached_cols = -1;
+  thread_local int cached_device = -2;
   thread_local int cached_resident = 1;
-  if (cached_cols != p.cols) {
+  if (cached_cols != p.cols || cached_device != p.device.device) {
     const std::size_t smem = regs_fold_bytes(p.cols);
     if (allow_smem(kernel, smem) != cudaSuccess) (void)cudaGetLastError();
     cached_resident = resident_blocks(kernel, kRegsBlock, smem, 1);
     cached_cols = p.cols;
+    cached_device = p.device.device;
   }
   const int64_t needed = (p.rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
-  const int64_t full = static_cast<int64_t>(cached_resident) * p.sm_count;
+  const int64_t full = static_cast<int64_t>(cached_resident) * p.device.sm_count;
   return static_cast<int>(needed < full ? needed : full);
 }
 
@@ -322,21 +333,30 @@ decltype(auto) dispatch_regs(const BwdParams& p, F&& f) {
 
 constexpr int kBlockThreads = 256;
 
-template <typename T, bool kVectorized>
+// kSmemAcc: the block's dgamma/dbeta partials are summed in shared memory and written out at the
+// end. Otherwise (rows too wide for that: over about 28K columns on Hopper) they are summed in place
+// in the block's rows of the workspace, in global memory: slower, but every width runs.
+template <typename T, bool kVectorized, bool kSmemAcc>
 __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParams p) {
-  extern __shared__ float acc[];  // [2][cols]: this block's dgamma and dbeta partials
+  extern __shared__ float acc[];  // [2][cols]: this block's dgamma and dbeta partials (kSmemAcc)
   __shared__ float2 scratch[32];
   constexpr int kV = kVectorized ? kVec<T> : 1;
   const int64_t cols = p.cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const int64_t step = static_cast<int64_t>(kBlockThreads) * kV;
+  float* partials = static_cast<float*>(p.workspace);
   float* acc_dg = acc;
   float* acc_db = acc + cols;
+  if constexpr (!kSmemAcc) {
+    acc_dg = partials ? partials + static_cast<int64_t>(blockIdx.x) * cols : nullptr;
+    acc_db = partials ? partials + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols : nullptr;
+  }
   // Every column belongs to one thread for the whole kernel: no barrier around acc.
-  for (int64_t c = threadIdx.x * kV; c < cols; c += step)
+  if (acc_dg)
+    for (int64_t c = threadIdx.x * kV; c < cols; c += step)
 #pragma unroll
-    for (int k = 0; k < kV; ++k) acc_dg[c + k] = acc_db[c + k] = 0.f;
+      for (int k = 0; k < kV; ++k) acc_dg[c + k] = acc_db[c + k] = 0.f;
 
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
@@ -363,8 +383,10 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
         const float g = dv[k] * gv[k];
         sum_g += g;
         sum_gx += g * xhat;
-        acc_dg[c + k] += dv[k] * xhat;
-        acc_db[c + k] += dv[k];
+        if (acc_dg) {
+          acc_dg[c + k] += dv[k] * xhat;
+          acc_db[c + k] += dv[k];
+        }
       }
     }
     const float2 sums = block_sum2(sum_g, sum_gx, scratch);
@@ -391,8 +413,7 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
       }
     }
   }
-  float* partials = static_cast<float*>(p.workspace);
-  if (partials == nullptr) return;
+  if (!kSmemAcc || partials == nullptr) return;
   float* dst_dg = partials + static_cast<int64_t>(blockIdx.x) * cols;
   float* dst_db = partials + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols;
   for (int64_t c = threadIdx.x * kV; c < cols; c += step)
@@ -411,18 +432,32 @@ bool bwd_vectorizable(const BwdParams& p) {
 
 std::size_t block_smem(int64_t cols) { return 2 * static_cast<std::size_t>(cols) * sizeof(float); }
 
-template <typename T>
-auto block_kernel(bool vectorized) {
-  return vectorized ? bwd_block_kernel<T, true> : bwd_block_kernel<T, false>;
-}
+// The block variant's launch: partials in shared memory where they fit, else in the workspace.
+struct BlockLaunch {
+  void (*kernel)(const BwdParams) = nullptr;
+  std::size_t smem = 0;
+  int grid = 0;
+};
 
-int block_grid(const BwdParams& p) {
-  // Resident blocks depend on the row's shared memory; one query per call is cheap next to the kernel.
+BlockLaunch block_launch(const BwdParams& p) {
+  const bool vectorized = bwd_vectorizable(p);
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    auto kernel = block_kernel<T>(bwd_vectorizable(p));
-    if (allow_smem(kernel, block_smem(p.cols)) != cudaSuccess) (void)cudaGetLastError();
-    const int resident = resident_blocks(kernel, kBlockThreads, block_smem(p.cols), p.sm_count);
-    return static_cast<int>(p.rows < resident ? p.rows : resident);
+    BlockLaunch l;
+    auto in_smem = vectorized ? bwd_block_kernel<T, true, true> : bwd_block_kernel<T, false, true>;
+    auto in_global = vectorized ? bwd_block_kernel<T, true, false> : bwd_block_kernel<T, false, false>;
+    if (fits(in_smem, kBlockThreads, block_smem(p.cols), p.device)) {
+      l = {in_smem, block_smem(p.cols), 0};
+      // Resident blocks depend on the row's shared memory (a cached query).
+      l.grid = static_cast<int>(
+          resident_clusters(reinterpret_cast<const void*>(l.kernel), kBlockThreads, 1, l.smem, 1, p.device));
+    } else if (fits(in_global, kBlockThreads, 0, p.device)) {
+      // One block per SM at most: each block's partial rows (2 x cols floats) are its own memory.
+      l = {in_global, 0, p.device.sm_count};
+    } else {
+      return BlockLaunch{};
+    }
+    l.grid = static_cast<int>(p.rows < l.grid ? p.rows : l.grid);
+    return l;
   });
 }
 
@@ -432,8 +467,11 @@ template <int kTpr, int kRows>
 bool bwd_regs_supports(const BwdParams& p) {
   const int vec = static_cast<int>(16 / dtype_size(p.dtype));
   const int nv = regs_accesses(p.cols, vec, kTpr);
-  return p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows) &&
-         regs_fold_bytes(p.cols) <= kMaxDynamicSmem;
+  if (!(p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows)))
+    return false;
+  return dispatch_regs<kTpr, kRows>(p, [&]<typename T, int kNv>() {
+    return fits(bwd_regs_kernel<T, kTpr, kNv, kRows>, kRegsBlock, regs_fold_bytes(p.cols), p.device);
+  });
 }
 
 template <int kTpr, int kRows>
@@ -464,27 +502,23 @@ HFNN_BWD_REGS(32, 2)
 #undef HFNN_BWD_REGS
 
 bool bwd_block_supports(const BwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && block_smem(p.cols) <= kMaxDynamicSmem;
+  return p.rows > 0 && p.cols > 0 && block_launch(p).kernel != nullptr;
 }
 
 std::size_t bwd_block_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
-  return partials_bytes(block_grid(p), p.cols);
+  return partials_bytes(block_launch(p).grid, p.cols);
 }
 
 cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream) {
-  const int grid = block_grid(p);
-  const std::size_t smem = block_smem(p.cols);
-  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    auto kernel = block_kernel<T>(bwd_vectorizable(p));
-    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    BwdParams q = p;
-    if (!p.dgamma && !p.dbeta) q.workspace = nullptr;
-    kernel<<<grid, kBlockThreads, smem, stream>>>(q);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    return launch_reduce_partials<T>(p, static_cast<const float*>(p.workspace), grid, stream);
-  });
+  const BlockLaunch l = block_launch(p);
+  if (!l.kernel) return cudaErrorInvalidConfiguration;
+  if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
+  BwdParams q = p;
+  if (!p.dgamma && !p.dbeta) q.workspace = nullptr;
+  l.kernel<<<l.grid, kBlockThreads, l.smem, stream>>>(q);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  return reduce_partials(p, static_cast<const float*>(p.workspace), l.grid, stream);
 }
 
 }  // namespace hfnn::kernels::layer_norm

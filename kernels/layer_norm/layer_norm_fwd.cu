@@ -8,9 +8,10 @@
 //                               of 16/sizeof(T) and 16-byte aligned pointers.
 //   fwd_regs_tpr{4,8,16,32}_r2  The same with two rows per thread group at once, all loads issued
 //                               first (rows of 1 or 2 accesses per thread only).
-//   fwd_block                   One block per row, the row staged in shared memory as float; scalar
-//                               accesses when the row is not 16-byte aligned, so it takes any cols
-//                               that fit in shared memory (odd sizes, D = 1, very wide rows).
+//   fwd_block                   One block per row, the row staged in shared memory as float (or,
+//                               where it does not fit, read from global memory on each pass);
+//                               scalar accesses when the row is not 16-byte aligned, so it takes
+//                               every cols (odd sizes, D = 1, rows of any width).
 //
 // The register variants launch with programmatic dependent launch (device.cuh): on Hopper that hid
 // the launch gap and moved the forward from 82% to 85-88% of the copy rate at 8-67 MB (H200).
@@ -129,10 +130,28 @@ cudaError_t launch_fwd_regs(const FwdParams& p, cudaStream_t stream) {
   return launch_pdl(fwd_regs_kernel<T, kTpr, kNv, kRows>, grid, kRegsBlock, 0, stream, p);
 }
 
+// Calls f.template operator()<T, kNv>() for the instantiation that fits p; cudaErrorInvalidValue
+// where none does.
+template <int kTpr, int kRows, typename F>
+cudaError_t with_fwd_regs(const FwdParams& p, F&& f) {
+  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
+      case 1: return f.template operator()<T, 1>();
+      case 2: return f.template operator()<T, 2>();
+      case 4: if constexpr (kRows == 1) return f.template operator()<T, 4>(); else break;
+      case 8: if constexpr (kRows == 1) return f.template operator()<T, 8>(); else break;
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
 // ---- block per row -------------------------------------------------------------------------------
 
 
-template <typename T, bool kVectorized>
+// kStaged: the row is read once into shared memory (as float) and the three passes run from there.
+// Otherwise each pass reads it again from global memory: rows too wide for shared memory (over
+// about 56K elements on Hopper) still run, at three reads and a write instead of one and one.
+template <typename T, bool kVectorized, bool kStaged>
 __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
   extern __shared__ float row_buf[];
   __shared__ float2 scratch[32];
@@ -146,47 +165,58 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
     T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+    // The kV values at column c, from shared memory once staged, else from global memory.
+    auto values = [&](int64_t c, float (&v)[kV]) {
+      if constexpr (kStaged) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) v[k] = row_buf[c + k];
+      } else if constexpr (kVectorized) {
+        unpack(load_pack(x + c), v);
+      } else {
+        v[0] = to_float(x[c]);
+      }
+    };
     float sum = 0.f;
     // Each thread reads back only the elements it staged itself, so no barrier is needed between
     // the passes other than the ones inside block_sum2.
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
-      if constexpr (kVectorized) {
-        float v[kV];
-        unpack(load_pack(x + c), v);
+      float v[kV];
+      if constexpr (kVectorized) unpack(load_pack(x + c), v);
+      else v[0] = to_float(x[c]);
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          row_buf[c + k] = v[k];
-          sum += v[k];
-        }
-      } else {
-        row_buf[c] = to_float(x[c]);
-        sum += row_buf[c];
+      for (int k = 0; k < kV; ++k) {
+        if constexpr (kStaged) row_buf[c + k] = v[k];
+        sum += v[k];
       }
     }
     const float mean = block_sum2(sum, 0.f, scratch).x * inv_cols;
     float sq = 0.f;
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+      float v[kV];
+      values(c, v);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
-        const float d = row_buf[c + k] - mean;
+        const float d = v[k] - mean;
         sq += d * d;
       }
     }
     const float rstd = rsqrtf(block_sum2(sq, 0.f, scratch).x * inv_cols + p.eps);
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
+      float v[kV];
+      values(c, v);
       if constexpr (kVectorized) {
         float out[kV], g[kV], b[kV];
         if (gamma) unpack(load_pack(gamma + c), g);
         if (beta) unpack(load_pack(beta + c), b);
 #pragma unroll
         for (int k = 0; k < kV; ++k) {
-          out[k] = (row_buf[c + k] - mean) * rstd;
+          out[k] = (v[k] - mean) * rstd;
           if (gamma) out[k] *= g[k];
           if (beta) out[k] += b[k];
         }
         store_pack(y + c, pack<T>(out));
       } else {
-        float o = (row_buf[c] - mean) * rstd;
+        float o = (v[0] - mean) * rstd;
         if (gamma) o *= to_float(gamma[c]);
         if (beta) o += to_float(beta[c]);
         y[c] = from_float<T>(o);
@@ -211,20 +241,18 @@ template <int kTpr, int kRows>
 bool fwd_regs_supports(const FwdParams& p) {
   const int vec = static_cast<int>(16 / dtype_size(p.dtype));
   const int nv = regs_accesses(p.cols, vec, kTpr);
-  return p.rows > 0 && p.cols > 0 && fwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows);
+  if (!(p.rows > 0 && p.cols > 0 && fwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows)))
+    return false;
+  return with_fwd_regs<kTpr, kRows>(p, [&]<typename T, int kNv>() {
+           return fits(fwd_regs_kernel<T, kTpr, kNv, kRows>, kRegsBlock, 0, p.device) ? cudaSuccess
+                                                                                       : cudaErrorInvalidValue;
+         }) == cudaSuccess;
 }
 
 template <int kTpr, int kRows>
 cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream) {
-  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
-      case 1: return launch_fwd_regs<kTpr, kRows, T, 1>(p, stream);
-      case 2: return launch_fwd_regs<kTpr, kRows, T, 2>(p, stream);
-      case 4: if constexpr (kRows == 1) return launch_fwd_regs<kTpr, 1, T, 4>(p, stream); else break;
-      case 8: if constexpr (kRows == 1) return launch_fwd_regs<kTpr, 1, T, 8>(p, stream); else break;
-    }
-    return cudaErrorInvalidValue;
-  });
+  return with_fwd_regs<kTpr, kRows>(
+      p, [&]<typename T, int kNv>() { return launch_fwd_regs<kTpr, kRows, T, kNv>(p, stream); });
 }
 
 #define HFNN_FWD_REGS(TPR, ROWS)                                        \
@@ -240,24 +268,44 @@ HFNN_FWD_REGS(16, 2)
 HFNN_FWD_REGS(32, 2)
 #undef HFNN_FWD_REGS
 
+namespace {
+
+// The block variant's launch: about four accesses per thread, 128 to 1024 threads; the row staged
+// in shared memory where it fits, else streamed.
+struct BlockLaunch {
+  void (*kernel)(const FwdParams) = nullptr;
+  unsigned threads = 0;
+  std::size_t smem = 0;
+};
+
+BlockLaunch fwd_block_launch(const FwdParams& p) {
+  const bool vectorized = fwd_vectorizable(p);
+  const int vec = vectorized ? static_cast<int>(16 / dtype_size(p.dtype)) : 1;
+  int64_t threads = ((p.cols / vec + 3) / 4 + 31) / 32 * 32;
+  threads = threads < 128 ? 128 : (threads > 1024 ? 1024 : threads);
+  const std::size_t staged_smem = static_cast<std::size_t>(p.cols) * sizeof(float);
+  return dispatch_dtype(p.dtype, [&]<typename T>() {
+    auto staged = vectorized ? fwd_block_kernel<T, true, true> : fwd_block_kernel<T, false, true>;
+    if (fits(staged, threads, staged_smem, p.device)) return BlockLaunch{staged, static_cast<unsigned>(threads), staged_smem};
+    auto streamed = vectorized ? fwd_block_kernel<T, true, false> : fwd_block_kernel<T, false, false>;
+    if (fits(streamed, threads, 0, p.device)) return BlockLaunch{streamed, static_cast<unsigned>(threads), 0};
+    return BlockLaunch{};
+  });
+}
+
+}  // namespace
+
 bool fwd_block_supports(const FwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && static_cast<std::size_t>(p.cols) * sizeof(float) <= kMaxDynamicSmem;
+  return p.rows > 0 && p.cols > 0 && fwd_block_launch(p).kernel != nullptr;
 }
 
 cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream) {
-  const bool vectorized = fwd_vectorizable(p);
-  const int vec = vectorized ? static_cast<int>(16 / dtype_size(p.dtype)) : 1;
-  // About four accesses per thread, 128 to 1024 threads.
-  int64_t threads = ((p.cols / vec + 3) / 4 + 31) / 32 * 32;
-  threads = threads < 128 ? 128 : (threads > 1024 ? 1024 : threads);
-  const std::size_t smem = static_cast<std::size_t>(p.cols) * sizeof(float);
+  const BlockLaunch l = fwd_block_launch(p);
+  if (!l.kernel) return cudaErrorInvalidConfiguration;
+  if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
   const unsigned grid = static_cast<unsigned>(p.rows < (1 << 30) ? p.rows : (1 << 30));
-  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    auto kernel = vectorized ? fwd_block_kernel<T, true> : fwd_block_kernel<T, false>;
-    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    kernel<<<grid, static_cast<unsigned>(threads), smem, stream>>>(p);
-    return cudaGetLastError();
-  });
+  l.kernel<<<grid, l.threads, l.smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace hfnn::kernels::layer_norm

@@ -22,6 +22,25 @@ constexpr BwdVariant bwd_regs(std::string_view name) {
           &bwd_regs_supports<kTpr, kRows>, &bwd_regs_workspace<kTpr, kRows>, &bwd_regs_run<kTpr, kRows>};
 }
 
+template <int kCluster>
+constexpr FwdVariant fwd_wide(std::string_view name) {
+  return {name,
+          kCluster == 1 ? "row in registers across a block of whole warps, summed through shared memory: wide rows"
+                        : "row split over the blocks of a thread-block cluster, sums met in distributed shared "
+                          "memory: the widest rows, few rows still fill the GPU (Hopper)",
+          &fwd_wide_supports<kCluster>, &fwd_wide_run<kCluster>};
+}
+
+template <int kCluster>
+constexpr BwdVariant bwd_wide(std::string_view name) {
+  return {name,
+          kCluster == 1 ? "row in registers across a block of whole warps, persistent grid, dgamma/dbeta in "
+                          "registers: wide rows"
+                        : "row split over the blocks of a thread-block cluster, sums met in distributed shared "
+                          "memory, persistent grid: the widest rows (Hopper)",
+          &bwd_wide_supports<kCluster>, &bwd_wide_workspace<kCluster>, &bwd_wide_run<kCluster>};
+}
+
 constexpr std::array kFwd = {
     fwd_regs<4, 1>("fwd_regs_tpr4"),
     fwd_regs<8, 1>("fwd_regs_tpr8"),
@@ -31,8 +50,13 @@ constexpr std::array kFwd = {
     fwd_regs<8, 2>("fwd_regs_tpr8_r2"),
     fwd_regs<16, 2>("fwd_regs_tpr16_r2"),
     fwd_regs<32, 2>("fwd_regs_tpr32_r2"),
-    FwdVariant{"fwd_block", "block per row, row staged in shared memory, any cols", &fwd_block_supports,
-               &fwd_block_run},
+    FwdVariant{"fwd_block", "block per row, row staged in shared memory (or re-read), any cols and alignment",
+               &fwd_block_supports, &fwd_block_run},
+    fwd_wide<1>("fwd_wide_c1"),
+    fwd_wide<2>("fwd_wide_c2"),
+    fwd_wide<4>("fwd_wide_c4"),
+    fwd_wide<8>("fwd_wide_c8"),
+    fwd_wide<16>("fwd_wide_c16"),
 };
 
 constexpr std::array kBwd = {
@@ -46,6 +70,11 @@ constexpr std::array kBwd = {
     bwd_regs<32, 2>("bwd_regs_tpr32_r2"),
     BwdVariant{"bwd_block", "block per row, persistent grid, dgamma/dbeta partials in shared memory, any cols",
                &bwd_block_supports, &bwd_block_workspace, &bwd_block_run},
+    bwd_wide<1>("bwd_wide_c1"),
+    bwd_wide<2>("bwd_wide_c2"),
+    bwd_wide<4>("bwd_wide_c4"),
+    bwd_wide<8>("bwd_wide_c8"),
+    bwd_wide<16>("bwd_wide_c16"),
 };
 
 }  // namespace

@@ -19,6 +19,19 @@ bool bwd_block_supports(const BwdParams& p);
 std::size_t bwd_block_workspace(const BwdParams& p);
 cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream);
 
+// Wide rows: a row held in registers across a whole block (kCluster 1), or split over the blocks
+// of a thread-block cluster (2 to 16, Hopper), the partial sums exchanged through distributed
+// shared memory (layer_norm_wide.cu).
+template <int kCluster> bool fwd_wide_supports(const FwdParams& p);
+template <int kCluster> cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream);
+template <int kCluster> bool bwd_wide_supports(const BwdParams& p);
+template <int kCluster> std::size_t bwd_wide_workspace(const BwdParams& p);
+template <int kCluster> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream);
+
+// The persistent backward variants' last step: dgamma and dbeta from the [2][grid][cols] float
+// partials in the workspace, summed in a fixed order (layer_norm_bwd.cu).
+cudaError_t reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream);
+
 // Row-register variants hold at most this many 16-byte accesses per thread per row.
 inline constexpr int kMaxAccessesPerThread = 8;
 

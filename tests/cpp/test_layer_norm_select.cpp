@@ -1,79 +1,142 @@
-// The built-in heuristic (src/layer_norm_select.cpp): for every width and dtype it names a variant
-// that exists and supports the problem, the register variants wherever they fit, and the choices
-// the H200 measurements settled on (bench/results/layer_norm-h200.json). supports() reads no
-// memory, so this runs without a GPU.
+// The built-in choice (src/layer_norm_select.h): the measured data is read and indexed, the nearest
+// measured point is found by width class, width and size, a ranking is walked in order and stops
+// at torch, and the compiled-in data names only variants this build has. The lookup needs no GPU;
+// the last test, which asks real variants whether they support a problem, does.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "src/layer_norm_select.h"
 
-#if HFNN_WITH_CUDA
-namespace ln = hfnn::kernels::layer_norm;
+namespace ln = hfnn::layer_norm;
 using hfnn::kernels::DType;
 
 namespace {
-void* aligned() { return reinterpret_cast<void*>(uintptr_t{4096}); }  // never dereferenced
 
-ln::FwdParams fwd(int64_t rows, int64_t cols, DType dtype) {
-  ln::FwdParams p;
-  p.x = aligned();
-  p.y = aligned();
-  p.rows = rows;
-  p.cols = cols;
-  p.dtype = dtype;
-  return p;
-}
+const std::vector<std::string> kFwd = {"fwd_a", "fwd_b", "fwd_c"};
+const std::vector<std::string> kBwd = {"bwd_a", "bwd_b"};
 
-ln::BwdParams bwd(int64_t rows, int64_t cols, DType dtype) {
-  ln::BwdParams p;
-  p.x = p.dy = p.dx = aligned();
-  p.rows = rows;
-  p.cols = cols;
-  p.dtype = dtype;
-  p.sm_count = 132;
-  return p;
-}
+const char* kData = R"({"gpus": [
+  {"name": "GPU One", "compute_capability": "9.0", "points": [
+    {"dtype": "float32", "pass": "fwd", "rows": 1000, "cols": 64, "ranking": ["fwd_b", "fwd_a", "torch"]},
+    {"dtype": "float32", "pass": "fwd", "rows": 16, "cols": 64, "ranking": ["torch", "fwd_b"]},
+    {"dtype": "float32", "pass": "fwd", "rows": 1000, "cols": 1024, "ranking": ["fwd_c", "fwd_gone", "torch"]},
+    {"dtype": "float32", "pass": "fwd", "rows": 1000, "cols": 63, "ranking": ["fwd_a", "torch"]},
+    {"dtype": "float32", "pass": "bwd", "rows": 1000, "cols": 64, "ranking": ["bwd_b"]},
+    {"dtype": "bfloat16", "pass": "fwd", "rows": 1000, "cols": 64, "ranking": ["torch"]}
+  ]},
+  {"name": "GPU Two", "compute_capability": "8.0", "points": []}
+]})";
+
+ln::Defaults data() { return ln::Defaults::parse(kData, kFwd, kBwd); }
+
 }  // namespace
 
-TEST(LayerNormSelect, EveryWidthGetsASupportingVariant) {
+TEST(LayerNormDefaults, FindsTheGpuByNameThenByComputeCapability) {
+  const auto d = data();
+  ASSERT_EQ(d.gpus().size(), 2u);
+  EXPECT_EQ(d.for_gpu("GPU One", "7.5")->name, "GPU One");
+  EXPECT_EQ(d.for_gpu("GPU Three", "9.0")->name, "GPU One");  // same architecture, other model
+  EXPECT_EQ(d.for_gpu("GPU Three", "8.6"), nullptr);          // never measured: torch runs
+}
+
+TEST(LayerNormDefaults, NearestPointByWidthThenSize) {
+  const auto d = data();
+  const auto* g = d.for_gpu("GPU One", "9.0");
+  ASSERT_NE(g, nullptr);
+  // Exact width, nearest size: 900 rows is nearest 1000, 20 rows nearest 16.
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 900, 64)->rows, 1000);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 20, 64)->rows, 16);
+  // Between measured widths: log-scale distance (200 is nearer 64 than 1024; 300 nearer 1024).
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 200)->cols, 64);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 300)->cols, 1024);
+  // Past the last measured width: the widest.
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 1 << 20)->cols, 1024);
+  // Widths without 16-byte rows only look at widths aligned like them: 65 takes 63's point.
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 65)->cols, 63);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 4097)->cols, 63);
+  // 8-byte rows (cols = 2 mod 4) were not measured: the worse-aligned (4-byte) data answers, never
+  // the 16-byte data.
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 66)->cols, 63);
+  // Dtype and pass are separate tables; none for float16 here.
+  EXPECT_EQ(g->nearest(DType::kFloat16, false, 1000, 64), nullptr);
+  EXPECT_EQ(g->nearest(DType::kBFloat16, true, 1000, 64), nullptr);
+  // bfloat16 has only a 16-byte point (64): a width with 2-byte rows has nothing to go by (torch).
+  EXPECT_EQ(g->nearest(DType::kBFloat16, false, 1000, 63), nullptr);
+  EXPECT_EQ(g->nearest(DType::kBFloat16, false, 1000, 72)->cols, 64);
+}
+
+TEST(LayerNormDefaults, RankingsResolveNamesAndEndAtTorch) {
+  const auto d = data();
+  const auto* g = d.for_gpu("GPU One", "9.0");
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 64)->ranking, (std::vector<int>{1, 0, ln::kTorch}));
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 16, 64)->ranking, (std::vector<int>{ln::kTorch}));
+  // A name this build lacks is dropped, not an error.
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 1024)->ranking, (std::vector<int>{2, ln::kTorch}));
+  // A ranking without torch at its end gets it.
+  EXPECT_EQ(g->nearest(DType::kFloat32, true, 1000, 64)->ranking, (std::vector<int>{1, ln::kTorch}));
+}
+
+TEST(LayerNormDefaults, WalkTakesTheFirstSupportingVariantAndStopsAtTorch) {
+  const std::vector<int> ranking = {1, 0, ln::kTorch, 2};
+  EXPECT_EQ(ln::first_accepted(ranking, [](int) { return true; }), 1);
+  EXPECT_EQ(ln::first_accepted(ranking, [](int i) { return i != 1; }), 0);
+  EXPECT_EQ(ln::first_accepted(ranking, [](int i) { return i == 2; }), ln::kTorch);  // torch ranks above 2
+  EXPECT_EQ(ln::first_accepted({}, [](int) { return true; }), ln::kTorch);
+}
+
+TEST(LayerNormDefaults, MalformedDataIsAnError) {
+  EXPECT_THROW(ln::Defaults::parse("{", kFwd, kBwd), std::runtime_error);
+  EXPECT_THROW(ln::Defaults::parse(R"({"gpus": [{"name": "x"}]})", kFwd, kBwd), std::runtime_error);
+  EXPECT_THROW(ln::Defaults::parse(R"({"gpus": [{"name": "x", "compute_capability": "9.0", "points": [
+      {"dtype": "float64", "pass": "fwd", "rows": 1, "cols": 1, "ranking": []}]}]})",
+                                   kFwd, kBwd),
+               std::runtime_error);
+}
+
+#if HFNN_WITH_CUDA
+namespace k = hfnn::kernels::layer_norm;
+
+TEST(LayerNormDefaults, CompiledInDataNamesVariantsOfThisBuild) {
+  // Parsing against the registry keeps only known names: every ranking entry is an index or torch.
+  const auto& d = ln::Defaults::builtin();
+  for (const auto& g : d.gpus()) {
+    EXPECT_FALSE(g.compute_capability.empty()) << g.name;
+  }
+  const auto* h200 = d.for_gpu("NVIDIA H200", "9.0");
+  ASSERT_NE(h200, nullptr) << "src/layer_norm_defaults.json has no H200 measurements";
+  const ln::Point* p = h200->nearest(DType::kFloat32, false, 65536, 128);
+  ASSERT_NE(p, nullptr);
+  for (const int i : p->ranking)
+    EXPECT_TRUE(i == ln::kTorch || (i >= 0 && static_cast<std::size_t>(i) < k::fwd_variants().size()));
+}
+
+TEST(LayerNormDefaults, BuiltinChoiceSupportsWhatItPicks) {
+  const auto& device = hfnn::kernels::current_device_info();
+  if (device.device < 0) GTEST_SKIP() << "no CUDA device: supports() is true only where a launch runs";
+  const auto* gpu = ln::Defaults::builtin().for_gpu("NVIDIA H200", "9.0");
+  ASSERT_NE(gpu, nullptr);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t cols : {1, 7, 8, 63, 64, 128, 256, 384, 1000, 1024, 2048, 4097, 20480}) {
-      const auto f = fwd(1000, cols, dtype);
-      const auto b = bwd(1000, cols, dtype);
-      const ln::FwdVariant* fv = hfnn::layer_norm::default_fwd(f);
-      const ln::BwdVariant* bv = hfnn::layer_norm::default_bwd(b);
-      ASSERT_NE(fv, nullptr) << cols;
-      ASSERT_NE(bv, nullptr) << cols;
-      EXPECT_TRUE(fv->supports(f)) << fv->name;
-      EXPECT_TRUE(bv->supports(b)) << bv->name;
-      // Widths the register variants take must not fall to the block variants, which are 4 to 8
-      // times slower there.
-      const bool fits_registers = cols % (16 / static_cast<int64_t>(hfnn::kernels::dtype_size(dtype))) == 0 &&
-                                  cols <= 32 * 8 * (16 / static_cast<int64_t>(hfnn::kernels::dtype_size(dtype)));
-      if (fits_registers) {
-        EXPECT_EQ(std::string(fv->name).find("fwd_regs"), 0u) << fv->name << " for " << cols;
-        EXPECT_EQ(std::string(bv->name).find("bwd_regs"), 0u) << bv->name << " for " << cols;
-      }
+    for (int64_t cols : {1, 7, 8, 63, 64, 128, 256, 384, 1000, 1024, 2048, 4097, 12288, 65536}) {
+      k::FwdParams f;
+      f.x = f.y = reinterpret_cast<void*>(uintptr_t{4096});  // never dereferenced by supports()
+      f.rows = 1000;
+      f.cols = cols;
+      f.dtype = dtype;
+      f.device = device;
+      k::BwdParams b;
+      b.x = b.dy = f.x;
+    b.dx = f.y;
+      b.rows = 1000;
+      b.cols = cols;
+      b.dtype = dtype;
+      b.device = device;
+      if (const auto* v = ln::default_fwd(f, gpu)) EXPECT_TRUE(v->supports(f)) << v->name << " " << cols;
+      if (const auto* v = ln::default_bwd(b, gpu)) EXPECT_TRUE(v->supports(b)) << v->name << " " << cols;
     }
   }
 }
-
-TEST(LayerNormSelect, MeasuredChoicesForTheSeedWidths) {
-  EXPECT_EQ(hfnn::layer_norm::default_fwd(fwd(65536, 128, DType::kBFloat16))->name, "fwd_regs_tpr8_r2");
-  EXPECT_EQ(hfnn::layer_norm::default_fwd(fwd(65536, 128, DType::kFloat32))->name, "fwd_regs_tpr16");
-  EXPECT_EQ(hfnn::layer_norm::default_bwd(bwd(65536, 256, DType::kFloat32))->name, "bwd_regs_tpr32");
-  EXPECT_EQ(hfnn::layer_norm::default_bwd(bwd(65536, 64, DType::kFloat32))->name, "bwd_regs_tpr8");
-  EXPECT_EQ(hfnn::layer_norm::default_fwd(fwd(25600, 1024, DType::kBFloat16))->name, "fwd_regs_tpr32");
-  // Odd widths cannot use 16-byte accesses: the block variants take them.
-  EXPECT_EQ(hfnn::layer_norm::default_fwd(fwd(10, 63, DType::kFloat32))->name, "fwd_block");
-  EXPECT_EQ(hfnn::layer_norm::default_bwd(bwd(10, 63, DType::kFloat32))->name, "bwd_block");
-}
-
-TEST(LayerNormSelect, TooWideForEveryVariantMeansTorch) {
-  EXPECT_EQ(hfnn::layer_norm::default_bwd(bwd(4, 1 << 16, DType::kFloat32)), nullptr);
-}
-#else
-TEST(LayerNormSelect, Skipped) { GTEST_SKIP() << "built without the CUDA Toolkit: no variants to choose from"; }
 #endif

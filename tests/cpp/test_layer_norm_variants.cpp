@@ -36,11 +36,14 @@ std::string no_gpu_reason() {
 struct Shape {
   int64_t rows, cols;
 };
-// Awkward on purpose: one row, D = 1, odd D, D one off a power of two, odd row counts, and the
-// seed's widths (64, 128, 256, 384, 1024) at small row counts.
-const std::vector<Shape> kShapes = {{1, 1},    {1, 8},    {7, 63},   {3, 64},   {33, 128}, {5, 256},
-                                    {17, 384}, {9, 1023}, {4, 1024}, {3, 2048}, {2, 4097}, {1000, 64},
-                                    {257, 128}, {130, 1024}};
+// Awkward on purpose: one row, D = 1, odd D, D one off a power of two, odd row counts, the seed's
+// widths (64, 128, 256, 384, 1024) at small row counts, and wide rows: past a warp (2048 and up),
+// past 48 KB of shared memory as float (12288 and up), past one block (65536), the widest tested
+// (262144, where only the block variants take fp32 backward). tests/python sweeps far more widths.
+const std::vector<Shape> kShapes = {{1, 1},     {1, 8},     {7, 63},     {3, 64},    {33, 128},   {5, 256},
+                                    {17, 384},  {9, 1023},  {4, 1024},   {3, 2048},  {2, 4097},   {1000, 64},
+                                    {257, 128}, {130, 1024}, {3, 6144},  {5, 12288}, {2, 12289},  {3, 20480},
+                                    {2, 65536}, {1, 262144}};
 const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 
 // Relative tolerance of an output rounded to `dtype` from float32 arithmetic.
@@ -180,12 +183,6 @@ struct Problem {
   }
 };
 
-int sm_count() {
-  int device = 0, sms = 1;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms;
-}
 
 }  // namespace
 
@@ -208,6 +205,7 @@ TEST(LayerNormVariants, ForwardMatchesReferenceAndIsDeterministic) {
       p.cols = c.shape.cols;
       p.eps = 1e-5f;
       p.dtype = c.dtype;
+      p.device = hfnn::kernels::current_device_info();
       if (!v.supports(p)) continue;
       ++ran;
       SCOPED_TRACE(std::string(v.name) + " " + c.name());
@@ -234,7 +232,6 @@ TEST(LayerNormVariants, ForwardMatchesReferenceAndIsDeterministic) {
 
 TEST(LayerNormVariants, BackwardMatchesReferenceAndIsDeterministic) {
   if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
-  const int sms = sm_count();
   for (const auto& v : ln::bwd_variants()) {
     int ran = 0;
     for (const auto& c : all_cases()) {
@@ -256,7 +253,7 @@ TEST(LayerNormVariants, BackwardMatchesReferenceAndIsDeterministic) {
       p.rows = c.shape.rows;
       p.cols = c.shape.cols;
       p.dtype = c.dtype;
-      p.sm_count = sms;
+      p.device = hfnn::kernels::current_device_info();
       if (!v.supports(p)) continue;
       ++ran;
       SCOPED_TRACE(std::string(v.name) + " " + c.name());
@@ -297,16 +294,42 @@ TEST(LayerNormVariants, BackwardMatchesReferenceAndIsDeterministic) {
 }
 
 TEST(LayerNormVariants, EveryTestShapeHasAVariant) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
   for (const auto& c : all_cases()) {
     ln::FwdParams f;
     f.x = f.y = reinterpret_cast<void*>(uintptr_t{256});  // an aligned stand-in: supports() reads no memory
     f.rows = c.shape.rows;
     f.cols = c.shape.cols;
     f.dtype = c.dtype;
-    bool any = false;
-    for (const auto& v : ln::fwd_variants()) any = any || v.supports(f);
-    EXPECT_TRUE(any) << c.name();
+    f.device = hfnn::kernels::current_device_info();
+    ln::BwdParams b;
+    b.x = b.dy = f.x;
+    b.dx = f.y;
+    b.rows = c.shape.rows;
+    b.cols = c.shape.cols;
+    b.dtype = c.dtype;
+    b.device = f.device;
+    bool fwd = false, bwd = false;
+    for (const auto& v : ln::fwd_variants()) fwd = fwd || v.supports(f);
+    for (const auto& v : ln::bwd_variants()) bwd = bwd || v.supports(b);
+    EXPECT_TRUE(fwd) << c.name();
+    EXPECT_TRUE(bwd) << c.name();
   }
+}
+
+// supports() says yes only where the launch runs: with no device, nothing runs.
+TEST(LayerNormVariants, NothingIsSupportedWithoutADevice) {
+  ln::FwdParams f;
+  f.x = f.y = reinterpret_cast<void*>(uintptr_t{256});
+  f.rows = 64;
+  f.cols = 128;
+  ln::BwdParams b;
+  b.x = b.dy = f.x;
+  b.dx = f.y;
+  b.rows = 64;
+  b.cols = 128;
+  for (const auto& v : ln::fwd_variants()) EXPECT_FALSE(v.supports(f)) << v.name;
+  for (const auto& v : ln::bwd_variants()) EXPECT_FALSE(v.supports(b)) << v.name;
 }
 
 #else

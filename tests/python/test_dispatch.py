@@ -170,7 +170,10 @@ def test_on_the_gpu_torch_stays_where_it_won_and_untuned_shapes_follow_the_polic
     assert torch_policy["calls"]["fwd"] == {"fwd_block": 2, "torch": 2}
     assert torch_policy["fallbacks"]["fwd"] == {"shape not tuned": 2}
     _, heuristic = train(other, device="cuda", steps=2, HFNN_DISPATCH_POLICY="heuristic")
-    assert "torch" not in heuristic["calls"]["fwd"] and sum(heuristic["calls"]["fwd"].values()) == 4
+    # The untuned key runs the built-in choice (measured per GPU: a variant, or torch's kernel).
+    assert sum(heuristic["calls"]["fwd"].values()) == 4 and "shape not tuned" not in heuristic["fallbacks"]["fwd"]
+    choice = torch.ops.hfnn.layer_norm_default(torch.empty(16, 64, device="cuda"), [64], None, None, False)
+    assert heuristic["calls"]["fwd"].get(choice, 0) >= 2, (choice, heuristic)
 
 
 @requires_gpu

@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""LayerNorm over the width: torch, torch.compile, hfnn's built-in choice and every hfnn variant, at
+about 16M elements (and smaller sizes), float32, bfloat16 and float16, forward and backward.
+
+Each candidate is first checked against float64 (max|out - ref| / max|ref| over every output, on
+the benchmark's own inputs), then timed the way bench/layer_norm.py and `hfnn tune` time: one CUDA
+graph of back-to-back calls over rotating inputs larger than L2, the median of repeated replays,
+per call. Bytes: forward x in + y out, backward x and dy in + dx out; "% of copy" is achieved
+bytes/s over a device-to-device copy kernel measured in the same run.
+
+The built-in choice is data made from these measurements, so it is checked on a second run: the
+first (torch, torch.compile and every variant) is what `--defaults` reads; after a rebuild with
+that data, the second times torch and the built-in choice ("default") at the same widths and at
+widths between them, which the data never saw.
+
+    # on a GPU machine (hfnn installed): measure (the second and third lines may run apart and merge)
+    python3 bench/layer_norm_sweep.py --out sweep.json --candidates torch variants
+    python3 bench/layer_norm_sweep.py --out compile.json --candidates compile --sizes 16M
+    python3 bench/layer_norm_sweep.py --merge bench/results/layer_norm_sweep-h200.json sweep.json compile.json
+    # anywhere: the built-in choice's data (compiled into hfnn)
+    python3 bench/layer_norm_sweep.py --defaults src/layer_norm_defaults.json bench/results/layer_norm_sweep-*.json
+    # on the GPU again, with hfnn rebuilt: the built-in choice against torch, measured and in between
+    python3 bench/layer_norm_sweep.py --out bench/results/layer_norm_default-h200.json --candidates torch default \
+        --widths between
+    # anywhere: the verdicts and the plot (several files: the default's verdicts use its own run's torch)
+    python3 bench/layer_norm_sweep.py --summarize bench/results/layer_norm_sweep-h200.json bench/results/layer_norm_default-h200.json
+    python3 bench/layer_norm_sweep.py --plot bench/results/layer_norm_sweep-h200.svg bench/results/layer_norm_sweep-h200.json bench/results/layer_norm_default-h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import _bench  # this folder is on sys.path when a script here runs
+
+# Widths from 32 to 65,536: today's hidden sizes (768 ... 12,288, 25,600), powers of two, the
+# seed's AlphaFold widths, and widths no 16-byte access divides (they take other kernels).
+WIDTHS = [32, 33, 48, 64, 96, 100, 127, 128, 160, 192, 255, 256, 320, 384, 500, 512, 640, 768, 1000, 1023, 1024,
+          1280, 1536, 2048, 2560, 3072, 4096, 4097, 5120, 6144, 7168, 8192, 10240, 12288, 12289, 14336, 16384,
+          20480, 24576, 25600, 32768, 40960, 49152, 65536]
+# Widths the data never saw, for checking the built-in choice: between each pair of WIDTHS (the
+# geometric mean, rounded to a multiple of 8 where both neighbours are), and a few odd ones.
+def between_widths():
+    out = set()
+    for a, b in zip(WIDTHS, WIDTHS[1:]):
+        m = math.sqrt(a * b)
+        w = int(round(m / 8)) * 8 if a % 8 == 0 and b % 8 == 0 else int(round(m))
+        if a < w < b:
+            out.add(w)
+    return sorted(out | {77, 333, 2999, 9001})
+
+
+SIZES = {"16M": 1 << 24, "1M": 1 << 20, "64K": 1 << 16}
+CANDIDATES = ("torch", "compile", "default", "variants")
+DTYPES = ["float32", "bfloat16", "float16"]
+# Candidates that are not hfnn variants.
+REFERENCES = ("torch", "torch.compile", "default", "copy")
+# A variant enters the built-in choice's ranking only when faster than torch by more than this.
+MARGIN = 0.03
+# Largest error against float64 a candidate may show (max|out - ref| / max|ref|): a few ulp of the
+# dtype after a row's worth of float32 arithmetic.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}
+
+
+def rows_for(width: int, size: str) -> int:
+    return max(1, round(SIZES[size] / width))
+
+
+# ---- measuring (GPU) -----------------------------------------------------------------------------
+
+def compiled_pair(torch, cols, w, b, mask):
+    """torch.compile of the training forward and of the backward (Inductor decomposes and fuses
+    native_layer_norm_backward as AOTAutograd does in a compiled model)."""
+    ns = [cols]
+    cf = torch.compile(lambda x: torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5), dynamic=False)
+    cb = torch.compile(lambda dy, x, m, r: torch.ops.aten.native_layer_norm_backward(dy, x, ns, m, r, w, b, mask),
+                       dynamic=False)
+    return cf, cb
+
+
+def make_inputs(torch, rows, cols, dtype, nsets, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(cols, device="cuda", generator=g).mul_(0.5).add_(1).to(dtype)
+    b = torch.randn(cols, device="cuda", generator=g).mul_(0.5).to(dtype)
+    sets = []
+    for _ in range(nsets):
+        x = torch.randn(rows, cols, device="cuda", generator=g).mul_(2).add_(0.5).to(dtype)
+        dy = torch.randn(rows, cols, device="cuda", generator=g).to(dtype)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, [cols], w, b, 1e-5)
+        sets.append((x, dy, mean, rstd))
+    return w, b, sets
+
+
+def _prewarm(job):
+    """Worker: compile one (width, dtype) pair on the 16M size, filling Inductor's on-disk caches."""
+    cols, dtype_name = job
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    rows = rows_for(cols, "16M")
+    w, b, sets = make_inputs(torch, rows, cols, dtype, 1)
+    cf, cb = compiled_pair(torch, cols, w, b, [True, True, True])
+    x, dy, m, r = sets[0]
+    cf(x)
+    cb(dy, x, m, r)
+    torch.cuda.synchronize()
+    return job
+
+
+def prewarm_compile(jobs, workers):
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for i, job in enumerate(pool.imap_unordered(_prewarm, jobs), 1):
+            if i % 10 == 0 or i == len(jobs):
+                print(f"  compiled {i}/{len(jobs)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def dump(records) -> str:
+    """One record per line: compact, and diffs stay readable when a sweep is re-run."""
+    return "[\n" + ",\n".join(json.dumps(r, separators=(",", ":")) for r in records) + "\n]\n"
+
+
+def max_rel_error(outs, refs) -> float:
+    worst = 0.0
+    for o, r in zip(outs, refs):
+        if o is None or r is None:
+            continue
+        o = o.double().reshape(-1)
+        r = r.reshape(-1)
+        if not bool(o.isfinite().all()):
+            return math.inf
+        scale = r.abs().max().item()
+        worst = max(worst, (o - r).abs().max().item() / (scale if scale > 0 else 1.0))
+    return worst
+
+
+def measure(args):
+    import torch
+
+    import hfnn
+    from hfnn._tune_worker import graph_samples
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/layer_norm_sweep.py: no CUDA device: the sweep measures on a GPU")
+    if not hfnn.build_info().get("cuda_kernels"):
+        sys.exit(f"bench/layer_norm_sweep.py: hfnn has no CUDA kernels ({hfnn.ops_error() or 'built without nvcc'})")
+    props = torch.cuda.get_device_properties(0)
+    meta = {"gpu": props.name, "compute_capability": f"{props.major}.{props.minor}", "torch": torch.__version__,
+            "hfnn": hfnn.__version__, "date": dt.date.today().isoformat()}
+    l2 = props.L2_cache_size
+    variants = hfnn.layer_norm_variants()
+
+    def timed(calls):
+        times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
+        return statistics.median(times), statistics.quantiles(times, n=5)
+
+    copy_tbps = _bench.copy_tbps(timed)
+    print(f"{props.name}, torch {torch.__version__}: copy {copy_tbps:.2f} TB/s, L2 {l2 >> 20} MiB", flush=True)
+
+    want = set(args.candidates)
+    compile_on = "compile" in want
+    if compile_on and args.compile_workers > 1:
+        jobs = [(w, d) for d in args.dtypes for w in args.widths]
+        print(f"pre-compiling {len(jobs)} torch.compile pairs in {args.compile_workers} processes", flush=True)
+        prewarm_compile(jobs, args.compile_workers)
+
+    records = []
+    t_start = time.perf_counter()
+    cases = [(s, d, w) for s in args.sizes for d in args.dtypes for w in args.widths]
+    for n_case, (size, dtype_name, cols) in enumerate(cases, 1):
+        dtype = getattr(torch, dtype_name)
+        rows = rows_for(cols, size)
+        esize = torch.empty(0, dtype=dtype).element_size()
+        numel = rows * cols
+        per_call = {"fwd": 2 * numel * esize, "bwd": 3 * numel * esize}
+        inner = max(8, min(400, math.ceil(args.graph_bytes / per_call["bwd"])))
+        nsets = min(inner, max(2, math.ceil(3 * l2 / (4 * numel * esize))))
+        w, b, sets = make_inputs(torch, rows, cols, dtype, nsets)
+        ns, mask = [cols], [True, True, True]
+        # float64 reference on the first set.
+        x0, dy0, m0, r0 = sets[0]
+        w64, b64 = w.double(), b.double()
+        y_ref, m_ref, r_ref = torch.ops.aten.native_layer_norm(x0.double(), ns, w64, b64, 1e-5)
+        d_ref = torch.ops.aten.native_layer_norm_backward(dy0.double(), x0.double(), ns, m_ref, r_ref, w64, b64, mask)
+        refs = {"fwd": (y_ref,), "bwd": d_ref}
+
+        fwd, bwd, ran = {}, {}, {}
+        if "torch" in want:
+            fwd["torch"] = lambda x: torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
+            bwd["torch"] = lambda x, dy, m, r: torch.ops.aten.native_layer_norm_backward(dy, x, ns, m, r, w, b, mask)
+        if "default" in want:
+            fwd["default"] = lambda x: torch.ops.hfnn.layer_norm_fwd(x, ns, w, b, 1e-5, "")
+            bwd["default"] = lambda x, dy, m, r: torch.ops.hfnn.layer_norm_bwd(dy, x, ns, m, r, w, b, mask, "")
+            ran = {p_: torch.ops.hfnn.layer_norm_default(x0, ns, w, b, p_ == "bwd") for p_ in ("fwd", "bwd")}
+        if "variants" in want:
+            for v in variants["fwd"]:
+                if torch.ops.hfnn.layer_norm_supports(x0, ns, w, b, v):
+                    fwd[v] = lambda x, v=v: torch.ops.hfnn.layer_norm_fwd(x, ns, w, b, 1e-5, v)
+            for v in variants["bwd"]:
+                if torch.ops.hfnn.layer_norm_supports(x0, ns, w, b, v):
+                    bwd[v] = lambda x, dy, m, r, v=v: torch.ops.hfnn.layer_norm_bwd(dy, x, ns, m, r, w, b, mask, v)
+        if compile_on and size == "16M":
+            torch._dynamo.reset()
+            cf, cb = compiled_pair(torch, cols, w, b, mask)
+            fwd["torch.compile"] = cf
+            bwd["torch.compile"] = lambda x, dy, m, r: cb(dy, x, m, r)
+
+        jobs = [("fwd", name, fn) for name, fn in fwd.items()] + [("bwd", name, fn) for name, fn in bwd.items()]
+        for pass_, name, fn in jobs:
+            rec = dict(meta, shape=[rows, cols], size=size, dtype=dtype_name, candidate=name, bytes=per_call[pass_],
+                       copy_TBps=round(copy_tbps, 4), **{"pass": pass_})
+            if name == "default":
+                rec["ran"] = ran[pass_]  # the kernel the built-in choice runs here
+            try:
+                if pass_ == "fwd":
+                    err = max_rel_error(fn(x0)[:1], refs["fwd"])
+                    calls = [lambda s=sets[i % nsets]: fn(s[0]) for i in range(inner)]
+                else:
+                    err = max_rel_error(fn(x0, dy0, m0, r0), refs["bwd"])
+                    calls = [lambda s=sets[i % nsets]: fn(*s) for i in range(inner)]
+                us, quint = timed(calls)
+                rec.update(median_us=round(us, 3), p20_us=round(quint[0], 3), p80_us=round(quint[3], 3),
+                           achieved_TBps=round(per_call[pass_] / (us * 1e-6) / 1e12, 4),
+                           max_error=err if math.isfinite(err) else None)
+            except Exception as e:  # a failure is a result: the verdicts count it
+                try:
+                    torch.cuda.synchronize()
+                except Exception:
+                    pass
+                rec.update(median_us=None, failed=(str(e).splitlines() or [type(e).__name__])[0][:300])
+                print(f"  FAILED {name} {pass_} [{rows}, {cols}] {dtype_name}: {rec['failed']}", flush=True)
+            records.append(rec)
+        mine = [r for r in records if r["shape"] == [rows, cols] and r["dtype"] == dtype_name]
+        print(f"[{n_case}/{len(cases)} {time.perf_counter() - t_start:.0f} s] {case_line(mine)}", flush=True)
+        if args.out:  # what is measured so far survives a run cut short
+            tmp = args.out.with_suffix(".part")
+            tmp.write_text(dump(records))
+            os.replace(tmp, args.out)
+        del sets, fwd, bwd, jobs, refs, y_ref, d_ref
+        torch.cuda.empty_cache()
+    return records
+
+
+def case_line(recs) -> str:
+    if not recs:
+        return ""
+    r0 = recs[0]
+    line = f"{r0['size']:>3} {str(r0['shape']):<16} {r0['dtype']:<8}"
+    for p in ("fwd", "bwd"):
+        mine = [r for r in recs if r["pass"] == p and r.get("median_us")]
+        get = lambda c: next((r for r in mine if r["candidate"] == c), None)  # noqa: E731
+        best = min((r for r in mine if r["candidate"] not in REFERENCES), key=lambda r: r["median_us"], default=None)
+        t, c, d = get("torch"), get("torch.compile"), get("default")
+        pct = lambda r: f"{r['achieved_TBps'] / r['copy_TBps']:4.0%}" if r else "   -"  # noqa: E731
+        line += (f" | {p} torch {t['median_us'] if t else float('nan'):8.1f} {pct(t)}"
+                 f" compile {c['median_us'] if c else float('nan'):8.1f}"
+                 f" default {d['median_us'] if d else float('nan'):8.1f}"
+                 f" best {best['median_us'] if best else float('nan'):8.1f} {pct(best)} {best['candidate'] if best else '-'}")
+    return line
+
+
+# ---- the built-in choice's data ------------------------------------------------------------------
+
+def gpu_cc(rec) -> str:
+    if "compute_capability" in rec:
+        return rec["compute_capability"]
+    name = rec["gpu"]
+    return "9.0" if ("H100" in name or "H200" in name) else ""
+
+
+def defaults(files) -> dict:
+    """Per GPU, per measured (dtype, pass, rows, cols): the variants faster than torch by more than
+    MARGIN and within TOLERANCE of float64, fastest first, then torch."""
+    gpus: dict[str, dict] = {}
+    sources = []
+    for path in files:
+        records = json.loads(Path(path).read_text())
+        sources.append({"file": str(path), "gpu": records[0]["gpu"], "torch": records[0]["torch"],
+                        "date": records[0]["date"]})
+        points = {}
+        for r in records:
+            if not r.get("median_us"):
+                continue
+            rows, cols = math.prod(r["shape"][:-1]), r["shape"][-1]
+            key = (r["dtype"], r["pass"], rows, cols)
+            points.setdefault(key, []).append(r)
+        g = gpus.setdefault(records[0]["gpu"], {"name": records[0]["gpu"], "compute_capability": gpu_cc(records[0]),
+                                                "points": {}})
+        for (dtype, pass_, rows, cols), rs in points.items():
+            # One time per candidate (shapes of the same rows x cols are the same problem: median).
+            times = {}
+            for r in rs:
+                accurate = "max_error" not in r or (r["max_error"] is not None and r["max_error"] <= TOLERANCE[dtype])
+                if accurate:
+                    times.setdefault(r["candidate"], []).append(r["median_us"])
+            if "torch" not in times:
+                continue
+            us = {c: statistics.median(t) for c, t in times.items()}
+            ok = [c for c in us if c not in REFERENCES + ("hfnn",) and us[c] < (1 - MARGIN) * us["torch"]]
+            ranking = sorted(ok, key=lambda c: us[c]) + ["torch"]
+            g["points"][(dtype, pass_, rows, cols)] = {"dtype": dtype, "pass": pass_, "rows": rows, "cols": cols,
+                                                      "ranking": ranking}
+    out = {"generated_by": "bench/layer_norm_sweep.py --defaults", "margin": MARGIN, "sources": sources, "gpus": []}
+    for g in gpus.values():
+        pts = sorted(g["points"].values(), key=lambda p: (p["dtype"], p["pass"], p["cols"], p["rows"]))
+        out["gpus"].append({"name": g["name"], "compute_capability": g["compute_capability"], "points": pts})
+    return out
+
+
+def write_defaults(target: Path, files) -> None:
+    data = defaults(files)
+    # One point per line: diffs stay readable when a sweep is re-run.
+    lines = ["{", f' "generated_by": {json.dumps(data["generated_by"])},', f' "margin": {data["margin"]},',
+             f' "sources": {json.dumps(data["sources"])},', ' "gpus": [']
+    for i, g in enumerate(data["gpus"]):
+        lines.append(f'  {{"name": {json.dumps(g["name"])}, "compute_capability": {json.dumps(g["compute_capability"])}, "points": [')
+        lines += [f"   {json.dumps(p)}{',' if j + 1 < len(g['points']) else ''}" for j, p in enumerate(g["points"])]
+        lines.append(f"  ]}}{',' if i + 1 < len(data['gpus']) else ''}")
+    lines += [" ]", "}"]
+    target.write_text("\n".join(lines) + "\n")
+    n = sum(len(g["points"]) for g in data["gpus"])
+    print(f"wrote {target}: {n} points for {', '.join(g['name'] for g in data['gpus'])}")
+
+
+# ---- reading results -----------------------------------------------------------------------------
+
+def by_case(records):
+    cases = {}
+    for r in records:
+        cases.setdefault((r["size"], r["dtype"], tuple(r["shape"])), []).append(r)
+    return cases
+
+
+def pick(recs, pass_, cand=None):
+    rs = [r for r in recs if r["pass"] == pass_ and r.get("median_us")
+          and (r["candidate"] == cand if cand else r["candidate"] not in REFERENCES)]
+    return min(rs, key=lambda r: r["median_us"]) if rs else None
+
+
+def default_checks(records):
+    """The built-in choice against torch's kernel of the same run, per case: (label, default µs,
+    torch µs, what ran fwd / bwd)."""
+    out = []
+    runs = {}
+    for r in records:
+        runs.setdefault((r.get("run", 0), r["size"], r["dtype"], tuple(r["shape"])), []).append(r)
+    for (_, size, dtype, shape), recs in sorted(runs.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][3][1])):
+        tf, tb, df, db = (pick(recs, "fwd", "torch"), pick(recs, "bwd", "torch"), pick(recs, "fwd", "default"),
+                          pick(recs, "bwd", "default"))
+        if tf and tb and df and db:
+            out.append((f"D={shape[1]} rows={shape[0]} {dtype}", df["median_us"] + db["median_us"],
+                        tf["median_us"] + tb["median_us"], f"{df.get('ran', '?')} / {db.get('ran', '?')}", size))
+    return out
+
+
+def summarize(records) -> str:
+    r0 = records[0]
+    out = [f"{r0['gpu']}, torch {r0['torch']}, {r0['date']}; copy {r0['copy_TBps']:.2f} TB/s. Per-call µs "
+           "(CUDA-graph replay medians); % = achieved bytes/s over the copy; 'best' = the fastest variant (what "
+           "`hfnn tune` picks); 'default' = hfnn's built-in choice (no tuned table), from its own run.\n"]
+    verdicts = {"failed": [], "default_slower": [], "below_80": [], "behind_compile": []}
+    for dtype in DTYPES:
+        cases = {k: v for k, v in by_case(records).items() if k[1] == dtype and k[0] == "16M"}
+        if not any(pick(v, "fwd") for v in cases.values()):
+            continue
+        out.append(f"\n### {dtype}, about 16M elements\n")
+        out.append("| D | rows | torch fwd+bwd | torch.compile | best variant fwd+bwd (fwd / bwd) | best vs torch | "
+                   "best vs compile | best % of copy fwd / bwd | torch % fwd / bwd |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for (size, _, shape), recs in sorted(cases.items(), key=lambda kv: kv[0][2][1]):
+            tf, tb = pick(recs, "fwd", "torch"), pick(recs, "bwd", "torch")
+            cf, cb = pick(recs, "fwd", "torch.compile"), pick(recs, "bwd", "torch.compile")
+            bf, bb = pick(recs, "fwd"), pick(recs, "bwd")
+            if not (tf and tb and bf and bb):
+                continue
+            torch_us = tf["median_us"] + tb["median_us"]
+            comp_us = cf["median_us"] + cb["median_us"] if cf and cb else None
+            best_us = bf["median_us"] + bb["median_us"]
+            pct = lambda r: r["achieved_TBps"] / r["copy_TBps"]  # noqa: E731
+            out.append(f"| {shape[1]} | {shape[0]} | {torch_us:.1f} | {f'{comp_us:.1f}' if comp_us else '—'} | "
+                       f"{best_us:.1f} ({bf['candidate']} / {bb['candidate']}) | {torch_us / best_us:.2f}x | "
+                       f"{f'{comp_us / best_us:.2f}x' if comp_us else '—'} | {pct(bf):.0%} / {pct(bb):.0%} | "
+                       f"{pct(tf):.0%} / {pct(tb):.0%} |")
+            label = f"D={shape[1]} {dtype}"
+            if pct(bf) < 0.8 or pct(bb) < 0.8:
+                verdicts["below_80"].append(f"{label}: fwd {pct(bf):.0%}, bwd {pct(bb):.0%}")
+            if comp_us and best_us >= comp_us:
+                verdicts["behind_compile"].append(f"{label}: {best_us:.1f} vs {comp_us:.1f} µs")
+    checks = default_checks(records)
+    if checks:
+        out.append("\n### The built-in choice against torch (fwd+bwd µs, same run)\n")
+        out.append("| case | size | torch | default | default vs torch | runs (fwd / bwd) |")
+        out.append("|---|---|---|---|---|---|")
+        for label, d_us, t_us, ran, size in checks:
+            out.append(f"| {label} | {size} | {t_us:.1f} | {d_us:.1f} | {t_us / d_us:.2f}x | {ran} |")
+            if d_us > t_us / 0.97:
+                verdicts["default_slower"].append(f"{label}: default {d_us:.1f} µs vs torch {t_us:.1f} ({ran})")
+    for r in records:
+        if r.get("failed"):
+            verdicts["failed"].append(f"{r['candidate']} {r['pass']} {r['shape']} {r['dtype']}: {r['failed']}")
+    out.append("\n### Targets\n")
+    titles = {"failed": "no candidate fails", "default_slower": "the built-in choice is at least 0.97x torch (fwd+bwd)",
+              "below_80": "the best variant reaches 80% of copy bandwidth, fwd and bwd (16M elements)",
+              "behind_compile": "the best variant beats torch.compile (16M elements)"}
+    for key, title in titles.items():
+        misses = verdicts[key]
+        if (key == "default_slower" and not checks) or (
+                key == "behind_compile" and not any(r["candidate"] == "torch.compile" for r in records)):
+            out.append(f"- not measured: {title}")
+            continue
+        out.append(f"- {'met' if not misses else f'**not met** ({len(misses)})'}: {title}")
+        out += [f"  - {m}" for m in misses]
+    return "\n".join(out) + "\n"
+
+
+def plot(records, target: Path) -> None:
+    """SVG: % of copy bandwidth against width (log scale), per dtype and pass, for torch,
+    torch.compile, the built-in choice and the best variant, at about 16M elements."""
+    series = [("torch", "#888888"), ("torch.compile", "#e69f00"), ("default", "#009e73"), ("best variant", "#0072b2")]
+    dtypes = [d for d in DTYPES if any(r["dtype"] == d for r in records)]
+    pw, ph, ml, mt, gap = 420, 230, 52, 40, 34
+    width = ml + 2 * (pw + gap) + 20
+    height = mt + len(dtypes) * (ph + gap + 20) + 40
+    xmin, xmax = math.log2(32), math.log2(65536)
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{ml}" y="18" font-size="13">LayerNorm, % of copy bandwidth against width D (about 16M elements): '
+           f'{records[0]["gpu"]}, torch {records[0]["torch"]}, {records[0]["date"]}; dots: rows not 16-byte aligned</text>']
+    for i, (name, color) in enumerate(series):
+        svg.append(f'<rect x="{ml + i * 130}" y="26" width="12" height="3" fill="{color}"/>'
+                   f'<text x="{ml + i * 130 + 16}" y="31">{name}</text>')
+    cases = {k: v for k, v in by_case(records).items() if k[0] == "16M"}
+    for row, dtype in enumerate(dtypes):
+        for col, pass_ in enumerate(("fwd", "bwd")):
+            x0, y0 = ml + col * (pw + gap), mt + 20 + row * (ph + gap + 20)
+            svg.append(f'<text x="{x0}" y="{y0 - 6}" font-size="12">{dtype} {"forward" if pass_ == "fwd" else "backward"}</text>')
+            svg.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>')
+            for pct in (0, 20, 40, 60, 80, 100):
+                y = y0 + ph - ph * pct / 110
+                style = 'stroke="#999" stroke-dasharray="4 3"' if pct == 80 else 'stroke="#eee"'
+                svg.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + pw}" y2="{y:.1f}" {style}/>'
+                           f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">{pct}%</text>')
+            for e in range(5, 17, 2):
+                x = x0 + pw * (e - xmin) / (xmax - xmin)
+                svg.append(f'<text x="{x:.1f}" y="{y0 + ph + 14}" text-anchor="middle">{2 ** e}</text>')
+            esize = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+            for name, color in series:
+                pts = []
+                for (_, d, shape), recs in sorted(cases.items(), key=lambda kv: kv[0][2][1]):
+                    if d != dtype:
+                        continue
+                    r = pick(recs, pass_) if name == "best variant" else pick(recs, pass_, name)
+                    if r:
+                        x = x0 + pw * (math.log2(shape[1]) - xmin) / (xmax - xmin)
+                        y = y0 + ph - ph * min(110.0, 100 * r["achieved_TBps"] / r["copy_TBps"]) / 110
+                        if shape[1] * esize % 16 == 0:  # lines join widths whose rows are 16-byte aligned
+                            pts.append(f"{x:.1f},{y:.1f}")
+                        else:  # the others are dots: other kernels, another curve
+                            svg.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.2" fill="{color}"/>')
+                if pts:
+                    svg.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{" ".join(pts)}"/>')
+    svg.append("</svg>")
+    target.write_text("\n".join(svg) + "\n")
+    print(f"wrote {target}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="measure, and write the records here")
+    ap.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
+    ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--widths", nargs="+", default=["sweep"],
+                    help="widths, or 'sweep' (the 44 of the sweep) and 'between' (44 the sweep does not measure)")
+    ap.add_argument("--candidates", nargs="+", default=["torch", "variants"], choices=CANDIDATES,
+                    help="torch, compile (torch.compile, 16M elements only), default (hfnn's built-in choice), "
+                         "variants (every hfnn variant that takes the shape)")
+    ap.add_argument("--compile-workers", type=int, default=8, help="processes that pre-compile in parallel")
+    ap.add_argument("--reps", type=int, default=11, help="graph replays per candidate (median taken)")
+    ap.add_argument("--graph-bytes", type=float, default=1e9, help="bytes one graph replay moves at least")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar=("OUT", "PART"), help="merge result files into OUT")
+    ap.add_argument("--defaults", nargs="+", type=Path, metavar=("OUT", "SWEEP"),
+                    help="write the built-in choice's data (OUT) from sweep results")
+    ap.add_argument("--plot", nargs="+", type=Path, metavar=("SVG", "SWEEP"))
+    ap.add_argument("--summarize", nargs="+", type=Path, metavar="SWEEP")
+    args = ap.parse_args()
+
+    def load(path):
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit(f"bench/layer_norm_sweep.py: cannot read {path}: {e}")
+
+    def load_runs(paths):
+        """Several result files as one list, each record tagged with its file (its run)."""
+        return [dict(r, run=i) for i, p in enumerate(paths) for r in load(p)]
+
+    widths = []
+    for w in args.widths:
+        if w == "sweep":
+            widths += WIDTHS
+        elif w == "between":
+            widths += between_widths()
+        elif w.isdigit() and int(w) > 0:
+            widths.append(int(w))
+        else:
+            sys.exit(f"bench/layer_norm_sweep.py: --widths {w}: expected a positive integer, 'sweep' or 'between'")
+    args.widths = sorted(set(widths))
+
+    if args.defaults:
+        if len(args.defaults) < 2:
+            sys.exit("bench/layer_norm_sweep.py: --defaults OUT SWEEP [SWEEP ...]")
+        for p in args.defaults[1:]:
+            load(p)
+        write_defaults(args.defaults[0], args.defaults[1:])
+    elif args.merge:
+        if len(args.merge) < 2:
+            sys.exit("bench/layer_norm_sweep.py: --merge OUT PART [PART ...]")
+        merged = {}
+        for p in args.merge[1:]:
+            for r in load(p):
+                merged[(r["size"], r["dtype"], tuple(r["shape"]), r["pass"], r["candidate"])] = r
+        args.merge[0].write_text(dump(list(merged.values())))
+        print(f"wrote {len(merged)} records to {args.merge[0]}")
+    elif args.plot:
+        if len(args.plot) < 2:
+            sys.exit("bench/layer_norm_sweep.py: --plot SVG SWEEP [SWEEP ...]")
+        plot(load_runs(args.plot[1:]), args.plot[0])
+    elif args.summarize:
+        print(summarize(load_runs(args.summarize)), end="")
+    elif args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        records = measure(args)
+        args.out.write_text(dump(records))
+        print(f"wrote {len(records)} records to {args.out}")
+        print(summarize(records), end="")
+    else:
+        ap.print_help()
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,602 @@
+// LayerNorm variants for wide rows.
+//
+//   fwd_wide_c1, bwd_wide_c1    A row held in registers across a row-group of whole warps (32 to
+//                               1024 threads), summed through shared memory: rows too wide for the
+//                               *_regs variants (one warp, at most 8 accesses a lane) that still fit
+//                               one block's registers. A block holds several row-groups when rows
+//                               are narrow enough.
+//   fwd_wide_c{2,4,8,16},       The row split over the N blocks of a thread-block cluster (Hopper),
+//   bwd_wide_c{2,4,8,16}        each block holding its part in registers; the parts' sums meet
+//                               through distributed shared memory, one cluster barrier per row. The
+//                               widest rows fit (registers of up to 16 blocks), and few wide rows
+//                               still fill every SM: 1,365 rows of 12,288 make 1,365 x N blocks.
+//
+// x is read once and y (dx) written once, from registers; 16-byte accesses, so cols must be a
+// multiple of 16 / sizeof(T) and the pointers 16-byte aligned (the block variants take the rest).
+// Forward: two-pass variance within each part, the parts combined by Chan's formula
+// (M2 = sum of M2_r + n_r (mean_r - mean)^2), so no E[x^2] - E[x]^2 cancellation anywhere.
+// Backward: a persistent grid; each thread owns the same columns for the whole kernel and sums its
+// dgamma and dbeta in registers, folded at the end into one partial row per cluster, which
+// reduce_partials sums in a fixed order. Every sum has a fixed order: bit-identical results.
+#include <cooperative_groups.h>
+
+#include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_variants.h"
+
+namespace hfnn::kernels::layer_norm {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kMaxGroupRows = 8;  // row-groups a block holds
+// A block holds its rows as loaded (16 bytes a pack) and, for software pipelining, the next rows
+// too; at most 512 threads, so each may have up to 128 registers.
+constexpr int kMaxThreads = 512;
+
+// A launch: blockDim = (threads, rows), `rows` row-groups of `threads` threads, each group on one
+// row at a time; the row's 16-byte accesses split over the cluster's blocks, `part` for each
+// block, `nv` for each thread.
+struct WideShape {
+  int threads = 0;
+  int rows = 0;
+  int nv = 0;
+  int64_t part = 0;
+  bool ok() const { return threads > 0; }
+};
+
+int64_t accesses(int64_t cols, DType dtype) { return cols / static_cast<int64_t>(16 / dtype_size(dtype)); }
+
+// Accesses per thread: forward 4 (64 bytes in flight, twice that with the next row's), fewer only
+// where the part has under a warp's worth of 4, 8 where 4 would need over 512 threads; backward 2
+// (it also holds float sums of dgamma and dbeta for every element it owns), 4 in float32 where a
+// row needs it. Rows of a block: as many as keep it near the measured best block size.
+// Measured on an H100 (16M elements, float32 and bfloat16, D = 1,024 to 65,536; bench/README.md,
+// "wide-row kernel notes"): forward blocks of about 128 threads (one row-group unless rows are
+// narrow) beat 256 and 512 by 5 to 17 points of copy bandwidth; backward blocks of about 256;
+// 2 accesses a thread in the backward beat 4 in float32 (89% against 83% at D = 2,048: fewer
+// registers, more blocks per SM) and 1 in bfloat16 (73% against 69%).
+constexpr int kFwdBlockThreads = 128, kBwdBlockThreads = 256;
+
+WideShape wide_shape(int64_t cols, DType dtype, int cluster, bool backward) {
+  // The backward's float32 may widen to 4 where 2 would need over 512 threads (a one-block row up
+  // to 8,192 columns: 85% of copy bandwidth there against 63% split over a cluster); 16-bit types
+  // would need 64 float sums a thread at 4.
+  const int max_nv = backward ? (dtype_size(dtype) == 4 ? 4 : 2) : 8;
+  const int preferred = backward ? 2 : 4;
+  WideShape s;
+  const int64_t acc = accesses(cols, dtype);
+  s.part = (acc + cluster - 1) / cluster;
+  int nv = preferred;
+  while (nv > 1 && s.part < 32 * nv) nv /= 2;
+  while (nv < max_nv && (s.part + nv - 1) / nv > kMaxThreads) nv *= 2;
+  const int64_t threads = ((s.part + nv - 1) / nv + 31) / 32 * 32;
+  if (threads > kMaxThreads) return {};
+  s.nv = nv;
+  s.threads = static_cast<int>(threads);
+  const int rows = (backward ? kBwdBlockThreads : kFwdBlockThreads) / s.threads;
+  s.rows = rows < 1 ? 1 : (rows > kMaxGroupRows ? kMaxGroupRows : rows);
+  return s;
+}
+
+// Whether the row splits into `cluster` parts of at least a warp's accesses each, every block
+// with some of the row.
+bool splits(int64_t cols, DType dtype, const WideShape& s, int cluster) {
+  return s.ok() && s.part >= 32 && (cluster - 1) * s.part < accesses(cols, dtype);
+}
+
+bool vectorizable(int64_t cols, DType dtype, std::initializer_list<const void*> pointers) {
+  if (cols % (16 / static_cast<int64_t>(dtype_size(dtype))) != 0) return false;
+  for (const void* p : pointers)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+// Sum over the row-group (blockDim.x threads, whole warps): shuffles, then the group's warps in a
+// fixed order through `buf` (one slot per warp of the block). Every thread of the block calls it;
+// every thread of a group gets its group's total. Alternate between two buffers from call to call:
+// a buffer is written again only after a later barrier, which every reader of it has passed.
+template <typename V>
+__device__ __forceinline__ V group_total(V v, V* buf) {
+  if constexpr (sizeof(V) == sizeof(float)) {
+    v = group_sum<32>(v);
+  } else {
+    v.x = group_sum<32>(v.x);
+    v.y = group_sum<32>(v.y);
+  }
+  const int warps = blockDim.x / 32;
+  if (warps == 1) return v;  // uniform over the block
+  const int warp = (threadIdx.y * blockDim.x + threadIdx.x) / 32;
+  if (threadIdx.x % 32 == 0) buf[warp] = v;
+  __syncthreads();
+  const V* mine = buf + threadIdx.y * warps;
+  V t = mine[0];
+  for (int w = 1; w < warps; ++w) {
+    if constexpr (sizeof(V) == sizeof(float)) {
+      t += mine[w];
+    } else {
+      t.x += mine[w].x;
+      t.y += mine[w].y;
+    }
+  }
+  return t;
+}
+
+// Elements of the row in cluster rank r's part.
+__device__ __forceinline__ float part_elements(int r, int64_t part, int64_t acc, int vec) {
+  const int64_t a0 = r * part, a1 = a0 + part < acc ? a0 + part : acc;
+  return a1 > a0 ? static_cast<float>((a1 - a0) * vec) : 0.f;
+}
+
+// Where a block works: its rank among the C blocks of its cluster (C = 1 without clusters), its
+// part of each row ([a0, a1) in 16-byte accesses), and the rows its cluster visits (from
+// cid * blockDim.y, every `stride`).
+struct WidePlace {
+  int C = 1, rank = 0;
+  int64_t a0 = 0, a1 = 0, cid = 0, clusters = 0, stride = 0;
+};
+
+__device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
+  WidePlace w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cg::cluster_group cluster = cg::this_cluster();
+  w.C = static_cast<int>(cluster.num_blocks());
+  w.rank = static_cast<int>(cluster.block_rank());
+#endif
+  w.a0 = w.rank * part;
+  w.a1 = w.a0 + part < acc ? w.a0 + part : acc;
+  w.cid = blockIdx.x / w.C;
+  w.clusters = gridDim.x / w.C;
+  w.stride = w.clusters * blockDim.y;
+  return w;
+}
+
+template <typename T, int kNv>
+__global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
+  constexpr int kV = kVec<T>;
+  __shared__ float red[2][32];
+  const int lane = threadIdx.x, group = threadIdx.y;
+  const int tpr = blockDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float2 slots[2][kMaxGroupRows];  // the cluster's exchange (Hopper only)
+  const cg::cluster_group cluster = cg::this_cluster();
+#endif
+  const int64_t cols = p.cols, acc = cols / kV;
+  const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
+  const float n_here = part_elements(rank, part, acc, kV);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(p.beta);
+  wait_for_previous_grid();
+  allow_next_grid();
+
+  // The group's row starting at row0, as loaded (zeros past the last row and the part's end).
+  auto load = [&](int64_t row0, Pack<T> (&dst)[kNv]) {
+    const int64_t row = row0 + group;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      dst[i] = row < p.rows && a < a1 ? load_pack(x + a * kV) : zero_pack<T>();
+    }
+  };
+  // The loop bound is the cluster's first row: every block of the cluster, and every thread of a
+  // block, runs the same iterations (the barriers need them all); groups past the last row compute
+  // on zeros and store nothing. The next rows' loads are issued before this row's sums, so they are
+  // in flight through the reductions and the cluster barrier (software pipelining).
+  Pack<T> next[kNv];
+  const int64_t first = cid * blockDim.y;
+  if (first < p.rows) load(first, next);
+  int parity = 0;
+  for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
+    Pack<T> cur[kNv];
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) cur[i] = next[i];
+    if (row0 + stride < p.rows) load(row0 + stride, next);  // uniform over the cluster
+    const int64_t row = row0 + group;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      float v[kV];
+      unpack(cur[i], v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) s += v[k];
+    }
+    s = group_total(s, red[0]);
+    const float m_here = n_here > 0.f ? s / n_here : 0.f;
+    float q = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      if (a0 + i * tpr + lane < a1) {
+        float v[kV];
+        unpack(cur[i], v);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = v[k] - m_here;
+          q += d * d;
+        }
+      }
+    }
+    q = group_total(q, red[1]);
+    float mean = m_here, m2 = q;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (C > 1) {  // uniform over the cluster
+      // Slots are double-buffered by iteration: a block writes slot `parity` again two iterations
+      // on, after a cluster barrier that every reader of this one has passed.
+      if (lane == 0) slots[parity][group] = make_float2(s, q);
+      cluster.sync();
+      const int r = lane % 32;
+      float2 o = make_float2(0.f, 0.f);
+      float n_r = 0.f;
+      if (r < C) {
+        o = *cluster.map_shared_rank(&slots[parity][group], r);
+        n_r = part_elements(r, part, acc, kV);
+      }
+      // Butterfly sums over the warp's lanes: the same order in every lane and every block, so
+      // every block of the cluster gets bit-identical statistics.
+      mean = group_sum<32>(o.x) * inv_cols;
+      const float d = n_r > 0.f ? o.x / n_r - mean : 0.f;
+      m2 = group_sum<32>(o.y + n_r * d * d);
+    }
+#endif
+    const float rstd = rsqrtf(m2 * inv_cols + p.eps);
+    if (row < p.rows) {
+      T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int64_t a = a0 + i * tpr + lane;
+        if (a >= a1) continue;
+        float v[kV], out[kV];
+        unpack(cur[i], v);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
+        if (gamma) {
+          float g[kV];
+          unpack(load_pack(gamma + a * kV), g);
+          if (beta) {
+            float b[kV];
+            unpack(load_pack(beta + a * kV), b);
+#pragma unroll
+            for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < kV; ++k) out[k] *= g[k];
+          }
+        } else if (beta) {
+          float b[kV];
+          unpack(load_pack(beta + a * kV), b);
+#pragma unroll
+          for (int k = 0; k < kV; ++k) out[k] += b[k];
+        }
+        store_pack(y + a * kV, pack<T>(out));
+      }
+      if (rank == 0 && lane == 0 && p.mean) {
+        p.mean[row] = mean;
+        p.rstd[row] = rstd;
+      }
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) cluster.sync();  // no block leaves while another may still read its slots
+#endif
+}
+
+// Blocks of 512 threads the compiler must fit on an SM at once (a register cap): two where a thread
+// holds one 16-byte access of each tensor (64 registers suffice, no spill), one above (a cap of 64
+// spilled 80 to 480 bytes there).
+constexpr int bwd_min_blocks(int nv) { return nv <= 1 ? 2 : 1; }
+
+template <typename T, int kNv>
+__global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks(kNv)) bwd_wide_kernel(const BwdParams p, const int64_t part) {
+  extern __shared__ float fold[];  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order
+  constexpr int kV = kVec<T>;
+  __shared__ float2 red[2][32];
+  const int lane = threadIdx.x, group = threadIdx.y;
+  const int tpr = blockDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float2 slots[2][kMaxGroupRows];  // the cluster's exchange (Hopper only)
+  const cg::cluster_group cluster = cg::this_cluster();
+#endif
+  const int64_t cols = p.cols, acc = cols / kV;
+  const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  wait_for_previous_grid();
+  allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
+
+  // A thread owns the same columns for the whole kernel: dgamma/dbeta summed in registers. gamma is
+  // read where used (L1 holds a block's part of it).
+  float dg[kNv][kV], db[kNv][kV];
+#pragma unroll
+  for (int i = 0; i < kNv; ++i)
+#pragma unroll
+    for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+  auto gamma_of = [&](int64_t a, float (&out)[kV]) {
+    if (gamma) {
+      unpack(load_pack(gamma + a * kV), out);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = 1.f;
+    }
+  };
+
+  // The group's row starting at row0, as loaded: x, dy, mean and rstd (zeros past the end).
+  Pack<T> next_x[kNv], next_dy[kNv];
+  float next_mean = 0.f, next_rstd = 0.f;
+  auto load = [&](int64_t row0) {
+    const int64_t row = row0 + group;
+    const bool valid = row < p.rows;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+    const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
+    next_mean = valid ? p.mean[row] : 0.f;
+    next_rstd = valid ? p.rstd[row] : 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      if (valid && a < a1) {
+        next_x[i] = load_pack(x + a * kV);
+        next_dy[i] = load_pack(dy + a * kV);
+      } else {
+        next_x[i] = next_dy[i] = zero_pack<T>();
+      }
+    }
+  };
+  const int64_t first = cid * blockDim.y;
+  if (first < p.rows) load(first);
+  int parity = 0;
+  for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
+    Pack<T> xs[kNv], ds[kNv];
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      xs[i] = next_x[i];
+      ds[i] = next_dy[i];
+    }
+    const float mean = next_mean, rstd = next_rstd;
+    if (row0 + stride < p.rows) load(row0 + stride);  // in flight through this row's sums and barrier
+    const int64_t row = row0 + group;
+    float2 sums = make_float2(0.f, 0.f);  // sum of g = dy * gamma, and of g * xhat
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      if (a >= a1) continue;
+      float xv[kV], dv[kV], gv[kV];
+      unpack(xs[i], xv);
+      unpack(ds[i], dv);
+      gamma_of(a, gv);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = dv[k] * gv[k];
+        sums.x += g;
+        sums.y = fmaf(g, xhat, sums.y);
+        dg[i][k] = fmaf(dv[k], xhat, dg[i][k]);  // rows past the end add 0: dy is 0 there
+        db[i][k] += dv[k];
+      }
+    }
+    if (!p.dx) continue;  // uniform over the grid
+    // Unpack again below rather than keep this loop's floats alive through the reductions: the
+    // compiler would hold 4 floats for every packed register (97 to 120 registers in bf16, one
+    // block per SM). An empty asm that "changes" the packs forbids reusing the floats.
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      asm volatile("" : "+r"(xs[i].raw.x), "+r"(xs[i].raw.y), "+r"(xs[i].raw.z), "+r"(xs[i].raw.w));
+      asm volatile("" : "+r"(ds[i].raw.x), "+r"(ds[i].raw.y), "+r"(ds[i].raw.z), "+r"(ds[i].raw.w));
+    }
+    sums = group_total(sums, red[parity]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (C > 1) {
+      if (lane == 0) slots[parity][group] = sums;
+      cluster.sync();
+      const int r = lane % 32;
+      const float2 o = r < C ? *cluster.map_shared_rank(&slots[parity][group], r) : make_float2(0.f, 0.f);
+      sums = make_float2(group_sum<32>(o.x), group_sum<32>(o.y));
+    }
+#endif
+    if (row >= p.rows) continue;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = a * g + c * xhat + b; for 16-bit outputs
+    // c * xhat + b is one fma on x (see layer_norm_bwd.cu).
+    const float ca = rstd;
+    const float cb = -ca * sums.x * inv_cols;
+    const float cc = -ca * sums.y * inv_cols;
+    const float cx = cc * rstd;
+    const float bx = cb - cx * mean;
+    T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      if (a >= a1) continue;
+      float xv[kV], dv[kV], gv[kV], out[kV];
+      unpack(xs[i], xv);
+      unpack(ds[i], dv);
+      gamma_of(a, gv);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        if constexpr (sizeof(T) == 2) {
+          out[k] = fmaf(ca, dv[k] * gv[k], fmaf(cx, xv[k], bx));
+        } else {
+          const float xhat = (xv[k] - mean) * rstd;
+          out[k] = fmaf(ca, dv[k] * gv[k], fmaf(cc, xhat, cb));
+        }
+      }
+      store_pack(dx + a * kV, pack<T>(out));
+    }
+  }
+
+  if (p.dgamma || p.dbeta) {  // uniform over the grid
+    // The block's row-groups hold sums for the same columns: folded group by group (a fixed
+    // order) in shared memory, the last group adding its own and writing the cluster's partial row.
+    float* partials = static_cast<float*>(p.workspace);
+    const int groups = blockDim.y;
+    for (int which = 0; which < 2; ++which) {
+      float* dst = partials + (which * clusters + cid) * cols;
+      for (int g = 0; g < groups; ++g) {
+        if (group == g) {
+#pragma unroll
+          for (int i = 0; i < kNv; ++i) {
+            const int64_t a = a0 + i * tpr + lane;
+            if (a >= a1) continue;
+            const int64_t local = (a - a0) * kV;
+#pragma unroll
+            for (int k = 0; k < kV; ++k) {
+              const float mine = which == 0 ? dg[i][k] : db[i][k];
+              const float total = g == 0 ? mine : fold[local + k] + mine;
+              if (g == groups - 1) dst[a * kV + k] = total;
+              else fold[local + k] = total;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) cluster.sync();  // no block leaves while another may still read its slots
+#endif
+}
+
+// Calls f.template operator()<T, kNv>() for the instantiation of shape s; cudaErrorInvalidValue
+// for an nv a direction does not instantiate.
+template <bool kBackward, typename F>
+cudaError_t with_wide(DType dtype, int nv, F&& f) {
+  return dispatch_dtype(dtype, [&]<typename T>() -> cudaError_t {
+    switch (nv) {
+      case 1: return f.template operator()<T, 1>();
+      case 2: return f.template operator()<T, 2>();
+      case 4:
+        if constexpr (!kBackward || sizeof(T) == 4) return f.template operator()<T, 4>();
+        break;
+      case 8:
+        if constexpr (!kBackward) return f.template operator()<T, 8>();
+        break;
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+template <typename K>
+bool shape_fits(K kernel, const WideShape& s, std::size_t smem, int cluster, const DeviceInfo& device) {
+  if (!fits(kernel, static_cast<int64_t>(s.threads) * s.rows, smem, device)) return false;  // registers too
+  if (cluster == 1) return true;
+  return device.cluster_launch &&
+         resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, cluster, device) > 0;
+}
+
+bool fwd_ok(const FwdParams& p) {
+  return p.rows > 0 && p.cols > 0 && p.device.device >= 0 && vectorizable(p.cols, p.dtype, {p.x, p.y, p.gamma, p.beta});
+}
+
+bool bwd_ok(const BwdParams& p) {
+  return p.rows > 0 && p.cols > 0 && p.device.device >= 0 && vectorizable(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
+}
+
+std::size_t bwd_fold_bytes(const WideShape& s, DType dtype) {
+  return s.rows > 1 ? static_cast<std::size_t>(s.part) * (16 / dtype_size(dtype)) * sizeof(float) : 0;
+}
+
+// Clusters of the backward's persistent grid: enough for every row-group, no more than fit at once,
+// and few enough that the partial rows (2 x 4 bytes a column each, written and read again) stay
+// within a twelfth of the traffic of x, dy and dx (3 x rows x esize a column), though at least one
+// block per SM.
+template <typename K>
+int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster) {
+  const int64_t needed = (p.rows + s.rows - 1) / s.rows;
+  const int64_t resident =
+      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, bwd_fold_bytes(s, p.dtype), cluster,
+                        p.device);
+  const int64_t traffic_cap = p.rows * static_cast<int64_t>(dtype_size(p.dtype)) / 64;
+  const int64_t fill = (p.device.sm_count + cluster - 1) / cluster;
+  const int64_t cap = traffic_cap > fill ? traffic_cap : fill;
+  int64_t n = needed < resident ? needed : resident;
+  n = n < cap ? n : cap;
+  return n > 0 ? n : 1;
+}
+
+}  // namespace
+
+template <int kCluster>
+bool fwd_wide_supports(const FwdParams& p) {
+  if (!fwd_ok(p)) return false;
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, false);
+  if (!splits(p.cols, p.dtype, s, kCluster)) return false;
+  return with_wide<false>(p.dtype, s.nv, [&]<typename T, int kNv>() {
+           return shape_fits(fwd_wide_kernel<T, kNv>, s, 0, kCluster, p.device) ? cudaSuccess : cudaErrorInvalidValue;
+         }) == cudaSuccess;
+}
+
+template <int kCluster>
+cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, false);
+  if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
+  return with_wide<false>(p.dtype, s.nv, [&]<typename T, int kNv>() -> cudaError_t {
+    auto kernel = fwd_wide_kernel<T, kNv>;
+    if constexpr (kCluster > 8) {
+      if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
+        return err;
+    }
+    const int64_t groups = (p.rows + s.rows - 1) / s.rows;
+    const int64_t clusters = groups < (int64_t{1} << 26) ? groups : (int64_t{1} << 26);
+    return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), 0, stream,
+                  kCluster, p, s.part);
+  });
+}
+
+template <int kCluster>
+bool bwd_wide_supports(const BwdParams& p) {
+  if (!bwd_ok(p)) return false;
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true);
+  if (!splits(p.cols, p.dtype, s, kCluster)) return false;
+  return with_wide<true>(p.dtype, s.nv, [&]<typename T, int kNv>() {
+           return shape_fits(bwd_wide_kernel<T, kNv>, s, bwd_fold_bytes(s, p.dtype), kCluster, p.device)
+                      ? cudaSuccess
+                      : cudaErrorInvalidValue;
+         }) == cudaSuccess;
+}
+
+template <int kCluster>
+std::size_t bwd_wide_workspace(const BwdParams& p) {
+  if (!p.dgamma && !p.dbeta) return 0;
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true);
+  std::size_t bytes = 0;
+  with_wide<true>(p.dtype, s.nv, [&]<typename T, int kNv>() {
+    bytes = 2 * static_cast<std::size_t>(bwd_clusters(bwd_wide_kernel<T, kNv>, p, s, kCluster)) *
+            static_cast<std::size_t>(p.cols) * sizeof(float);
+    return cudaSuccess;
+  });
+  return bytes;
+}
+
+template <int kCluster>
+cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true);
+  if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
+  return with_wide<true>(p.dtype, s.nv, [&]<typename T, int kNv>() -> cudaError_t {
+    auto kernel = bwd_wide_kernel<T, kNv>;
+    if constexpr (kCluster > 8) {
+      if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
+        return err;
+    }
+    const std::size_t smem = bwd_fold_bytes(s, p.dtype);
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+    const int64_t clusters = bwd_clusters(kernel, p, s, kCluster);
+    if (const cudaError_t err = launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)),
+                                       dim3(s.threads, s.rows), smem, stream, kCluster, p, s.part);
+        err != cudaSuccess)
+      return err;
+    return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(clusters), stream);
+  });
+}
+
+#define HFNN_WIDE(C)                                                           \
+  template bool fwd_wide_supports<C>(const FwdParams&);                        \
+  template cudaError_t fwd_wide_run<C>(const FwdParams&, cudaStream_t);        \
+  template bool bwd_wide_supports<C>(const BwdParams&);                        \
+  template std::size_t bwd_wide_workspace<C>(const BwdParams&);                \
+  template cudaError_t bwd_wide_run<C>(const BwdParams&, cudaStream_t);
+HFNN_WIDE(1)
+HFNN_WIDE(2)
+HFNN_WIDE(4)
+HFNN_WIDE(8)
+HFNN_WIDE(16)
+#undef HFNN_WIDE
+
+}  // namespace hfnn::kernels::layer_norm

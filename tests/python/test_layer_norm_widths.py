@@ -1,0 +1,235 @@
+"""LayerNorm at every width (GPU): every variant whose supports() says yes runs and matches float64,
+and so does the built-in choice, from D = 1 to D = 262,144.
+
+Widths: every D from 1 to 1,100, then a dense set up to 262,144 (powers of two and their
+neighbours, multiples of 64 and of 96, odd values); row counts 1, 3, 257 and many (about 4M
+elements); float32, bfloat16 and float16. One test per dtype and range of widths: it runs every
+case and reports every mismatch at once. On a machine without a GPU they skip with the reason.
+"""
+import math
+import os
+import zlib
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hfnn
+from conftest import requires_gpu
+
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def wide_widths():
+    """A dense set from 1,101 to 262,144: powers of two and their neighbours, multiples of 64 and 96
+    (every one to 8,192, then about 8% apart), odd values, and today's hidden sizes."""
+    ws = set()
+    for e in range(11, 19):
+        ws |= {2 ** e - 1, 2 ** e, 2 ** e + 1}
+    ws |= set(range(1152, 8193, 64)) | set(range(1152, 8193, 96))
+    # Past 8,192: multiples of 64 and of 96 about 8% apart, and the odd width beside each.
+    w = 8192.0
+    while w < 262144:
+        w *= 1.08
+        for m in (64, 96):
+            near = int(round(w / m)) * m
+            if near <= 262144:
+                ws |= {near, near + 1}
+    ws |= {1101, 1111, 1537, 2049, 3001, 4095, 5121, 6143, 9999, 12289, 20481, 25600, 32767, 49153, 65535, 99999,
+           131071, 200001, 262143, 262144}
+    return sorted(w for w in ws if 1100 < w <= 262144)
+
+
+WIDE = wide_widths()
+RANGES = {"1-275": range(1, 276), "276-550": range(276, 551), "551-825": range(551, 826),
+          "826-1100": range(826, 1101), "wide-a": WIDE[: len(WIDE) // 2], "wide-b": WIDE[len(WIDE) // 2:]}
+
+
+def rel_err(got, want):
+    """||got - want|| / ||want||, with sqrt(n) as the floor of the scale (see test_layer_norm.py)."""
+    got, want = got.double(), want.double()
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    scale = max(want.norm().item(), math.sqrt(want.numel()))
+    return (got - want).norm().item() / scale
+
+
+def row_counts(cols):
+    return [1, 3, 257, max(8, (1 << 22) // cols)]
+
+
+def check_width(cols, dtype, variants, gen):
+    """Every supporting variant and the built-in choice at this width; returns the failures."""
+    failures = []
+    ns = [cols]
+    for rows in row_counts(cols):
+        for affine in ([True, False] if rows == 3 else [True]):
+            x = (torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype)
+            dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+            w = (1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype) if affine else None
+            b = (0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype) if affine else None
+            w64 = w.double() if affine else None
+            b64 = b.double() if affine else None
+            y_ref, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
+            mask = [True, affine, affine]
+            d_ref = torch.ops.aten.native_layer_norm_backward(dy.double(), x.double(), ns, m_ref, r_ref, w64, b64, mask)
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
+            where = f"D={cols} rows={rows} {str(dtype)[6:]}{'' if affine else ' plain'}"
+            tol = TOL[dtype]
+            ran = {"fwd": 0, "bwd": 0}
+            for v in variants["fwd"]:
+                if not torch.ops.hfnn.layer_norm_supports(x, ns, w, b, v):
+                    continue
+                ran["fwd"] += 1
+                try:
+                    y, m, r = torch.ops.hfnn.layer_norm_fwd(x, ns, w, b, 1e-5, v)
+                except RuntimeError as e:
+                    failures.append(f"{where} {v}: {str(e).splitlines()[0]}")
+                    continue
+                errs = (rel_err(y, y_ref), rel_err(m.view(-1), m_ref.view(-1)), rel_err(r.view(-1), r_ref.view(-1)))
+                if errs[0] > tol or errs[1] > 1e-5 or errs[2] > 1e-5:
+                    failures.append(f"{where} {v}: error y {errs[0]:.2e}, mean {errs[1]:.2e}, rstd {errs[2]:.2e}")
+            for v in variants["bwd"]:
+                if not torch.ops.hfnn.layer_norm_supports(x, ns, w, b, v):
+                    continue
+                ran["bwd"] += 1
+                try:
+                    got = torch.ops.hfnn.layer_norm_bwd(dy, x, ns, mean, rstd, w, b, mask, v)
+                except RuntimeError as e:
+                    failures.append(f"{where} {v}: {str(e).splitlines()[0]}")
+                    continue
+                errs = [rel_err(g, r) for g, r in zip(got, d_ref) if r is not None]
+                if errs[0] > tol or any(e > tol + 1e-5 for e in errs[1:]):
+                    failures.append(f"{where} {v}: errors dx/dgamma/dbeta {', '.join(f'{e:.2e}' for e in errs)}")
+            if not ran["fwd"] or not ran["bwd"]:
+                failures.append(f"{where}: no variant takes it ({ran})")
+            # The built-in choice, through the autograd op (what hfnn.nn.LayerNorm runs).
+            leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b)]
+            try:
+                y = torch.ops.hfnn.layer_norm(leaves[0], ns, leaves[1], leaves[2], 1e-5)
+                y.backward(dy)
+            except RuntimeError as e:
+                failures.append(f"{where} built-in choice: {str(e).splitlines()[0]}")
+                continue
+            errs = [rel_err(y.detach(), y_ref)] + [rel_err(t.grad, r) for t, r in zip(leaves, d_ref) if t is not None]
+            if errs[0] > tol or errs[1] > tol or any(e > tol + 1e-5 for e in errs[2:]):
+                failures.append(f"{where} built-in choice: errors {', '.join(f'{e:.2e}' for e in errs)}")
+    return failures
+
+
+@requires_gpu
+@pytest.mark.parametrize("widths", list(RANGES), ids=list(RANGES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gpu_every_variant_at_every_width(dtype, widths):
+    variants = hfnn.layer_norm_variants()
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} {widths}".encode()))
+    failures = []
+    for cols in RANGES[widths]:
+        failures += check_width(cols, dtype, variants, gen)
+        if len(failures) > 200:
+            break
+    torch.cuda.synchronize()
+    assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
+
+
+def test_wide_widths_cover_what_the_issue_asks():
+    ws = set(WIDE)
+    assert all(2 ** e in ws and 2 ** e - 1 in ws and 2 ** e + 1 in ws for e in range(11, 18))
+    assert 262144 in ws and max(ws) == 262144
+    assert any(w % 2 for w in ws) and any(w % 96 == 0 and w % 64 for w in ws)
+    assert len(ws) > 200
+
+
+# ---- the failures issue 10 reported, as a user meets them ----------------------------------------
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("cols", [6144, 12288, 20480, 25600, 32768, 65536])
+@pytest.mark.parametrize("rows", [3, 257])
+def test_gpu_wide_layer_norm_trains_through_to_hfnn(cols, rows, dtype):
+    torch.manual_seed(cols + rows)
+    ref = torch.nn.LayerNorm(cols, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        ref.weight.normal_(1, 0.5)
+        ref.bias.normal_(0, 0.5)
+    mod = hfnn.to_hfnn(torch.nn.LayerNorm(cols, device="cuda", dtype=dtype))
+    mod.load_state_dict(ref.state_dict())
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 2 + 0.5
+    dy = torch.randn_like(x)
+    outs = []
+    for m in (ref, mod):
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        y.backward(dy)
+        outs.append((y.detach().double(), xi.grad.double(), m.weight.grad.double(), m.bias.grad.double()))
+        m.zero_grad()
+    tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    for a, b in zip(*outs):
+        assert rel_err(b, a) < tol
+
+
+@requires_gpu
+def test_gpu_builtin_choice_names_a_supporting_variant_or_torch():
+    x = torch.randn(4096, 1024, device="cuda")
+    for backward in (False, True):
+        name = torch.ops.hfnn.layer_norm_default(x, [1024], None, None, backward)
+        known = hfnn.layer_norm_variants()["bwd" if backward else "fwd"]
+        assert name == "torch" or (name in known and torch.ops.hfnn.layer_norm_supports(x, [1024], None, None, name))
+
+
+_FAILING_LAUNCH = r"""
+import sys, torch, hfnn
+x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+m = hfnn.to_hfnn(torch.nn.LayerNorm(1024, device="cuda"))
+ref = torch.nn.LayerNorm(1024, device="cuda")
+for _ in range(3):
+    y = m(x)
+    y.sum().backward()
+torch.testing.assert_close(y, ref(x))
+print("ok")
+"""
+
+
+@requires_gpu
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_gpu_failed_launch_runs_torch_with_one_warning(backward):
+    x = torch.randn(64, 1024, device="cuda")
+    name = torch.ops.hfnn.layer_norm_default(x, [1024], torch.ones(1024, device="cuda"),
+                                             torch.zeros(1024, device="cuda"), backward)
+    if name == "torch":
+        pytest.skip("the built-in choice for [64, 1024] on this GPU is torch's kernel: no hfnn launch to fail")
+    env = dict(os.environ, HFNN_TEST_FAIL_LAUNCH=name)
+    env.pop("HFNN_STRICT", None)
+    out = subprocess.run([sys.executable, "-c", _FAILING_LAUNCH], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
+    warnings = [line for line in out.stderr.splitlines() if f"variant '{name}' failed" in line]
+    assert len(warnings) == 1, out.stderr  # three calls, one warning
+    env["HFNN_STRICT"] = "1"
+    out = subprocess.run([sys.executable, "-c", _FAILING_LAUNCH], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0
+    assert "HFNN_STRICT=1" in out.stderr and name in out.stderr
+
+
+@requires_gpu
+def test_gpu_named_variant_that_fails_raises_for_the_tuner():
+    # A variant asked for by name (hfnn tune, tests) reports its failure instead of falling back.
+    x = torch.randn(64, 1024, device="cuda")
+    script = ("import torch, hfnn\nx = torch.randn(64, 1024, device='cuda')\n"
+              "try:\n    torch.ops.hfnn.layer_norm_fwd(x, [1024], None, None, 1e-5, 'fwd_wide_c1')\n"
+              "except RuntimeError as e:\n    print('raised', 'fwd_wide_c1 failed' in str(e))\n")
+    if not torch.ops.hfnn.layer_norm_supports(x, [1024], None, None, "fwd_wide_c1"):
+        pytest.skip("fwd_wide_c1 does not take [64, 1024] here")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, HFNN_TEST_FAIL_LAUNCH="fwd_wide_c1"))
+    assert out.stdout.strip() == "raised True", out.stderr[-2000:]
+
+
+@requires_gpu
+def test_gpu_unmeasured_width_matches_torch():
+    # Whatever the choice, F.layer_norm and hfnn agree on a width no sweep measured.
+    x = torch.randn(5, 777, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(hfnn.nn.layer_norm(x, 777), F.layer_norm(x, (777,)), rtol=2e-2, atol=2e-2)
