@@ -16,10 +16,12 @@
 #   pytest-k  only the Python tests that $PYTEST_K selects (pytest -k), verbose, with timings
 #   e2e-multi bench/e2e.py under torchrun on every GPU of the machine
 #   widths    tests/python/test_layer_norm_widths.py: every variant at every width (1 to 262,144)
-#   sweep     bench/layer_norm_sweep.py: LayerNorm over 44 widths x 3 sizes x 3 dtypes, torch and
+#   sweep     bench/layer_norm_sweep.py: LayerNorm over 56 widths x 3 sizes x 3 dtypes, torch and
 #             every variant ($SWEEP_CANDIDATES: others; $SWEEP_ARGS adds options)
+#   sweep-align  the same for the sweep's 12 widths with 4- or 8-byte rows alone, to merge
 #   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
+#             ($DEFAULT_WIDTHS: other --widths)
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
@@ -165,9 +167,14 @@ if want sweep; then
     --candidates ${SWEEP_CANDIDATES:-torch variants} ${SWEEP_ARGS:-} \
     2>&1 | tee "$OUT/sweep.log" | grep -E "FAILED|wrote|^- |^  - |copy" | head -80; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+if want sweep-align; then
+  timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_sweep-align-$gpu.json" \
+    --candidates torch variants --widths align 2>&1 | tee "$OUT/sweep-align.log" | grep -E "FAILED|wrote|copy" | head -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 if want default-check; then
   timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-$gpu.json" \
-    --candidates torch default --widths sweep between 2>&1 | tee "$OUT/default-check.log" \
+    --candidates torch default --widths ${DEFAULT_WIDTHS:-sweep between} 2>&1 | tee "$OUT/default-check.log" \
     | grep -E "FAILED|wrote|^- |^  - |copy" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want sweep-compile; then

@@ -203,6 +203,10 @@ void Runtime::count_variant(bool backward, int index) {
   if (index >= 0 && index < kMaxVariants) variant_calls_[backward][index].fetch_add(1, std::memory_order_relaxed);
 }
 
+void Runtime::uncount_variant(bool backward, int index) {
+  if (index >= 0 && index < kMaxVariants) variant_calls_[backward][index].fetch_sub(1, std::memory_order_relaxed);
+}
+
 void Runtime::count_fallback(bool backward, Fallback why) {
   fallback_calls_[backward][static_cast<int>(why)].fetch_add(1, std::memory_order_relaxed);
 }

@@ -116,6 +116,8 @@ class Runtime {
   // What one call ran: a variant (by pass and index), or torch for a reason.
   void count_variant(bool backward, int index);
   void count_fallback(bool backward, Fallback why);
+  // Takes back a count_variant() whose call ran torch's kernel after all (its launch failed).
+  void uncount_variant(bool backward, int index);
   // Prints `message` once per `topic` (stderr, prefixed "hfnn: "); in strict mode throws it instead.
   void warn_once(const std::string& topic, const std::string& message);
   // {"active", "db", "policy", "strict", "gpus", "keys", "calls": {pass: {kernel: n}}, "fallbacks": {pass: {reason: n}}}

@@ -17,6 +17,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -168,11 +169,18 @@ const Variant* choose(std::string_view name, const Params& p, std::span<const Va
   return v;
 }
 
+// Clears the launch error `err` from the thread's last error if it is still the one there (a
+// refused launch is not sticky), so it does not surface at the user's next check; anything else
+// there is not ours to clear.
+void clear_own_error(cudaError_t err) {
+  if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
+}
+
 // A variant the caller named (tests, hfnn tune) that failed is the caller's error: it raises, and
 // the tuner records the variant as failed for that key. A chosen one falls back (note_launch_failure).
 void check_launch(cudaError_t err, std::string_view name, bool named) {
   if (!named) return;
-  (void)cudaGetLastError();
+  clear_own_error(err);
   TORCH_CHECK(false, "hfnn.layer_norm: variant ", std::string(name), " failed: ", cudaGetErrorString(err));
 }
 
@@ -217,21 +225,64 @@ cudaError_t run_or_plant(std::string_view name, const std::function<cudaError_t(
   return run();
 }
 
+// Problems whose chosen variant failed to launch: later calls like them go straight to torch's
+// kernel instead of failing again (a refused launch costs a driver round trip and an error).
+class FailedLaunches {
+ public:
+  bool contains(bool backward, const void* variant, int device, int64_t rows, int64_t cols, kernels::DType dtype) const {
+    if (!any_.load(std::memory_order_acquire)) return false;  // the common case: no lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::find(keys_.begin(), keys_.end(), Key{backward, variant, device, rows, cols, dtype}) != keys_.end();
+  }
+  void add(bool backward, const void* variant, int device, int64_t rows, int64_t cols, kernels::DType dtype) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Key key{backward, variant, device, rows, cols, dtype};
+    if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) keys_.push_back(key);
+    any_.store(true, std::memory_order_release);
+  }
+  static FailedLaunches& get() {
+    static FailedLaunches failed;
+    return failed;
+  }
+
+ private:
+  using Key = std::tuple<bool, const void*, int, int64_t, int64_t, kernels::DType>;
+  std::atomic<bool> any_{false};
+  mutable std::mutex mutex_;
+  std::vector<Key> keys_;
+};
+
 // A chosen variant whose launch failed (the device refused it, or memory ran out): the error is
-// cleared, counted and warned about once per variant, and the call runs torch's kernel instead, so
-// a kernel's failure never ends training. Under HFNN_STRICT=1 it is an error.
-void note_launch_failure(bool backward, std::string_view name, cudaError_t err, int64_t rows, int64_t cols,
-                         kernels::DType dtype) {
-  (void)cudaGetLastError();  // a launch-configuration error is not sticky: keep it from the next check
+// cleared, counted and warned about once per variant, the problem remembered (its later calls go
+// straight to torch's kernel), and the call runs torch's kernel instead, so a kernel's failure
+// never ends training. Under HFNN_STRICT=1 it is an error. `counted`: the choice was counted as
+// the variant's call, and becomes a fall-back.
+template <typename Variant, typename Params>
+void note_launch_failure(bool backward, const Variant* v, std::span<const Variant> all, const Params& p,
+                         cudaError_t err, bool counted) {
+  clear_own_error(err);
   auto& rt = dispatch::Runtime::get();
   const std::string message =
       fmt::format("LayerNorm {} variant '{}' failed on rows={}, D={}, {} ({}); that call and any like it run "
                   "torch's kernel",
-                  backward ? "backward" : "forward", name, rows, cols, kernels::dtype_name(dtype),
+                  backward ? "backward" : "forward", v->name, p.rows, p.cols, kernels::dtype_name(p.dtype),
                   cudaGetErrorString(err));
   TORCH_CHECK(!strict_env(), "hfnn (HFNN_STRICT=1): ", message);
+  FailedLaunches::get().add(backward, v, p.device.device, p.rows, p.cols, p.dtype);
+  if (counted) rt.uncount_variant(backward, static_cast<int>(v - all.data()));
   rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
-  rt.warn_once(fmt::format("launch:{}:{}", backward ? "bwd" : "fwd", name), message);
+  rt.warn_once(fmt::format("launch:{}:{}", backward ? "bwd" : "fwd", v->name), message);
+}
+
+// Whether the chosen variant already failed on a problem like this one (then torch's kernel runs,
+// counted as a failed launch).
+template <typename Variant, typename Params>
+bool skip_failed(bool backward, const Variant* v, std::span<const Variant> all, const Params& p, bool counted) {
+  if (!FailedLaunches::get().contains(backward, v, p.device.device, p.rows, p.cols, p.dtype)) return false;
+  auto& rt = dispatch::Runtime::get();
+  if (counted) rt.uncount_variant(backward, static_cast<int>(v - all.data()));
+  rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
+  return true;
 }
 
 // The tuned table's pick for this problem (HFNN_DISPATCH_DB), else the built-in heuristic or torch.
@@ -327,10 +378,11 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
   const bool affine = p.gamma != nullptr;
   const GpuDefaults* measured = gpu_defaults(input.get_device());
   const auto builtin = [measured](const k::FwdParams& q) { return default_fwd(q, measured); };
+  const bool counted = variant.empty() && dispatch::Runtime::get().active();
   const k::FwdVariant* v =
-      variant.empty() && dispatch::Runtime::get().active()
-          ? table_choice<k::FwdVariant>(p, false, input.get_device(), affine, caller, k::fwd_variants(), builtin)
-          : choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, builtin);
+      counted ? table_choice<k::FwdVariant>(p, false, input.get_device(), affine, caller, k::fwd_variants(), builtin)
+              : choose<k::FwdVariant>(variant, p, k::fwd_variants(), k::find_fwd, builtin);
+  if (v && variant.empty() && skip_failed(false, v, k::fwd_variants(), p, counted)) v = nullptr;
   if (!v) return torch_fwd(input, normalized_shape, weight, bias, eps);
   Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
@@ -341,7 +393,7 @@ Triple fwd_impl(const Tensor& input, at::IntArrayRef normalized_shape, const std
   if (const cudaError_t err = run_or_plant(v->name, [&] { return v->run(p, at::cuda::getCurrentCUDAStream()); });
       err != cudaSuccess) {
     check_launch(err, v->name, !variant.empty());
-    note_launch_failure(false, v->name, err, rows, cols, p.dtype);
+    note_launch_failure(false, v, k::fwd_variants(), p, err, counted);
     return torch_fwd(input, normalized_shape, weight, bias, eps);
   }
   const auto shape = stat_shape(input, normalized_shape);
@@ -390,10 +442,11 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
   const bool affine = p.gamma != nullptr;
   const GpuDefaults* measured = gpu_defaults(input.get_device());
   const auto builtin = [measured](const k::BwdParams& q) { return default_bwd(q, measured); };
+  const bool counted = variant.empty() && dispatch::Runtime::get().active();
   const k::BwdVariant* v =
-      variant.empty() && dispatch::Runtime::get().active()
-          ? table_choice<k::BwdVariant>(p, true, input.get_device(), affine, caller, k::bwd_variants(), builtin)
-          : choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, builtin);
+      counted ? table_choice<k::BwdVariant>(p, true, input.get_device(), affine, caller, k::bwd_variants(), builtin)
+              : choose<k::BwdVariant>(variant, p, k::bwd_variants(), k::find_bwd, builtin);
+  if (v && variant.empty() && skip_failed(true, v, k::bwd_variants(), p, counted)) v = nullptr;
   if (!v) return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   Tensor dx = output_mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : Tensor();
   Tensor dgamma = output_mask[1] && has_weight ? at::empty_like(*weight) : Tensor();
@@ -406,11 +459,12 @@ Triple bwd_impl(const Tensor& grad_out, const Tensor& input, at::IntArrayRef nor
   if (bytes > 0) {
     workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
     p.workspace = workspace.data_ptr();
+    p.workspace_size = bytes;
   }
   if (const cudaError_t err = run_or_plant(v->name, [&] { return v->run(p, at::cuda::getCurrentCUDAStream()); });
       err != cudaSuccess) {
     check_launch(err, v->name, !variant.empty());
-    note_launch_failure(true, v->name, err, rows, cols, p.dtype);
+    note_launch_failure(true, v, k::bwd_variants(), p, err, counted);
     return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   }
   return {dx, dgamma, dbeta};
@@ -607,6 +661,7 @@ bool supports(const Tensor& input, at::IntArrayRef normalized_shape, const std::
   const auto [rows, cols] = rows_cols(input, normalized_shape);
   if (!unsupported_reason(input, weight, bias, rows, cols).empty()) return false;
 #if HFNN_KERNELS
+  const DeviceGuard guard(input);  // the kernels' limits are queried on the current device
   const Tensor x = input.contiguous();
   if (const auto* v = k::find_fwd(variant)) return v->supports(fwd_stand_in(x, weight, bias, rows, cols));
   if (const auto* v = k::find_bwd(variant)) return v->supports(bwd_stand_in(x, weight, rows, cols));
@@ -622,6 +677,7 @@ std::string default_choice(const Tensor& input, at::IntArrayRef normalized_shape
   const auto [rows, cols] = rows_cols(input, normalized_shape);
   if (!unsupported_reason(input, weight, bias, rows, cols).empty()) return "torch";
 #if HFNN_KERNELS
+  const DeviceGuard guard(input);
   const Tensor x = input.contiguous();
   const GpuDefaults* measured = gpu_defaults(x.get_device());
   if (!backward) {

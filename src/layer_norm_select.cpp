@@ -47,14 +47,11 @@ void GpuDefaults::add(Point p) {
 }
 
 const Point* GpuDefaults::nearest(kernels::DType dtype, bool backward, int64_t rows, int64_t cols) const {
-  // This width's alignment class, else the nearest worse-aligned one that was measured: a kernel
-  // that vectorizes at an alignment also does at a better one, so worse-aligned data never claims
-  // more than the width gets.
-  const std::vector<Point>* found = nullptr;
-  for (int a = alignment_class(dtype, cols); a >= 1 && !found; a /= 2)
-    if (!groups_[group_of(dtype, backward, a)].empty()) found = &groups_[group_of(dtype, backward, a)];
-  if (!found) return nullptr;
-  const auto& g = *found;
+  // Only this width's alignment class: another class runs other kernels (torch's too: its 16-bit
+  // kernels vectorize at 8 bytes), so its ranking says nothing here. D = 4,580 in 16-bit took the
+  // 8-byte data of D = 500 once, through the next worse class, and ran 4% behind torch.
+  const auto& g = groups_[group_of(dtype, backward, alignment_class(dtype, cols))];
+  if (g.empty()) return nullptr;
   // The nearest measured width on a log scale (ties to the narrower).
   auto it = std::lower_bound(g.begin(), g.end(), cols, [](const Point& a, int64_t c) { return a.cols < c; });
   int64_t width;
@@ -66,6 +63,9 @@ const Point* GpuDefaults::nearest(kernels::DType dtype, bool backward, int64_t r
     const int64_t above = it->cols, below = std::prev(it)->cols;
     width = std::log(static_cast<double>(above) / cols) < std::log(static_cast<double>(cols) / below) ? above : below;
   }
+  // No measurement within a factor of kMaxWidthRatio: nothing to go by (torch's kernel runs).
+  if (std::abs(std::log(static_cast<double>(width) / static_cast<double>(cols))) > std::log(kMaxWidthRatio) + 1e-9)
+    return nullptr;
   // Then the nearest row count measured at that width.
   const Point* best = nullptr;
   double best_distance = 0;
@@ -124,9 +124,20 @@ Defaults Defaults::parse(std::string_view json, const std::vector<std::string>& 
 const GpuDefaults* Defaults::for_gpu(std::string_view name, std::string_view compute_capability) const {
   for (const auto& g : gpus_)
     if (g.name == name) return &g;
-  for (const auto& g : gpus_)
-    if (g.compute_capability == compute_capability) return &g;
-  return nullptr;
+  // Same architecture: the model whose name shares the longest start with this one (an "NVIDIA
+  // H100 PCIe" takes the H100's data before the H200's), the first measured on a tie.
+  const GpuDefaults* best = nullptr;
+  std::size_t best_common = 0;
+  for (const auto& g : gpus_) {
+    if (g.compute_capability != compute_capability) continue;
+    const auto common = static_cast<std::size_t>(
+        std::mismatch(g.name.begin(), g.name.end(), name.begin(), name.end()).first - g.name.begin());
+    if (!best || common > best_common) {
+      best = &g;
+      best_common = common;
+    }
+  }
+  return best;
 }
 
 int first_accepted(const std::vector<int>& ranking, const std::function<bool(int)>& accepts) {

@@ -2,9 +2,10 @@
 // rules: bench/layer_norm_sweep.py measures torch and every variant over widths, dtypes and sizes
 // on each GPU and writes, per measured point, the variants faster than torch there, fastest first
 // (src/layer_norm_defaults.json, compiled into the library). A call takes the ranking of the
-// nearest measured point on its GPU and runs the first variant that supports it; torch's kernel
-// where torch ranks first, where no variant of the ranking takes the input, and on GPUs the sweep
-// has not measured (`hfnn tune` measures any GPU, per shape).
+// nearest measured point on its GPU (same row alignment, width within 4x) and runs the first
+// variant that supports it; torch's kernel where torch ranks first, where no variant of the
+// ranking takes the input, where nothing near was measured, and on GPUs of an architecture the
+// sweep has not measured (`hfnn tune` measures any GPU, per shape).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -21,6 +22,9 @@ namespace hfnn::layer_norm {
 // or kTorch. Names this build lacks are dropped when the data is read.
 inline constexpr int kTorch = -1;
 
+// A measured width answers for widths up to this factor away (on either side), no further.
+inline constexpr double kMaxWidthRatio = 4.0;
+
 struct Point {
   kernels::DType dtype = kernels::DType::kFloat32;
   bool backward = false;
@@ -33,9 +37,9 @@ class GpuDefaults {
  public:
   std::string name, compute_capability;
   // The measured point nearest to (rows, cols) for this dtype and pass: among points whose rows
-  // have the same alignment in bytes (2, 4, 8 or 16: what decides which kernels vectorize), else
-  // the nearest worse alignment measured, the nearest cols on a log scale, then the nearest rows.
-  // Null when nothing of that alignment or worse was measured.
+  // have the same alignment in bytes (1, 2, 4, 8 or 16: what decides which kernels vectorize), the
+  // nearest cols on a log scale, then the nearest rows. Null when no width of that alignment
+  // within kMaxWidthRatio of cols was measured.
   const Point* nearest(kernels::DType dtype, bool backward, int64_t rows, int64_t cols) const;
   void add(Point p);  // keeps the index sorted
 
@@ -53,7 +57,8 @@ class Defaults {
                         const std::vector<std::string>& bwd_names);
   // The compiled-in data, read once (against this build's registry).
   static const Defaults& builtin();
-  // The measurements of this GPU: the same name, else the same compute capability; null: none.
+  // The measurements of this GPU: the same name, else of the same compute capability the one whose
+  // name shares the longest start with it; null: none.
   const GpuDefaults* for_gpu(std::string_view name, std::string_view compute_capability) const;
   const std::vector<GpuDefaults>& gpus() const { return gpus_; }
 

@@ -140,12 +140,14 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-// Launches `kernel` with programmatic dependent launch where the device has it (so every kernel
-// launched this way must call wait_for_previous_grid() before touching global memory) and, with
-// cluster > 1, in thread-block clusters of that many consecutive blocks along x.
+// Launches `kernel` through cudaLaunchKernelEx, which returns this launch's own error (a
+// `<<<>>>` launch leaves it to cudaGetLastError, which also reports an earlier call's): with
+// programmatic dependent launch where `pdl` is set and the device has it (so the kernel must call
+// wait_for_previous_grid() before touching global memory) and, with cluster > 1, in thread-block
+// clusters of that many consecutive blocks along x.
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                   int cluster, Args&&... args) {
+cudaError_t launch_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                      bool pdl, int cluster, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -153,7 +155,7 @@ cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::si
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   unsigned n = 0;
-  if (current_device_info().pdl) {
+  if (pdl && current_device_info().pdl) {
     attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
@@ -170,10 +172,24 @@ cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::si
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// With programmatic dependent launch (where the device has it), in clusters of `cluster` blocks.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                   int cluster, Args&&... args) {
+  return launch_ex(kernel, grid, block, smem, stream, true, cluster, std::forward<Args>(args)...);
+}
+
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
                        Args&&... args) {
-  return launch(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
+  return launch_ex(kernel, grid, block, smem, stream, true, 1, std::forward<Args>(args)...);
+}
+
+// A plain launch, for kernels that do not wait for the previous grid.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_plain(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  return launch_ex(kernel, grid, block, smem, stream, false, 1, std::forward<Args>(args)...);
 }
 
 // Typed front ends of kernels/common/launch.h.

@@ -15,6 +15,7 @@ constexpr std::size_t kDefaultSmem = 48 * 1024;
 
 struct PerKernel {
   KernelInfo info;
+  bool known = false;  // info was read (failures are asked again)
   std::size_t dynamic_allowed = 0;  // the dynamic limit we raised it to (0: the default)
   bool large_clusters = false;
 };
@@ -41,16 +42,17 @@ int current_device() {
 
 // The entry for the kernel on the current device, queried on first use. Lock held by the caller.
 PerKernel& entry(const void* kernel, int device) {
-  auto [it, inserted] = kernel_cache().try_emplace({kernel, device});
-  if (inserted && device >= 0) {
+  PerKernel& e = kernel_cache()[{kernel, device}];
+  if (!e.known && device >= 0) {
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
-      it->second.info = {static_cast<int>(attr.sharedSizeBytes), attr.maxThreadsPerBlock};
+      e.info = {static_cast<int>(attr.sharedSizeBytes), attr.maxThreadsPerBlock, attr.ptxVersion};
+      e.known = true;
     } else {
-      (void)cudaGetLastError();
+      (void)cudaGetLastError();  // this query's own error (cudaFuncGetAttributes sets no sticky state)
     }
   }
-  return it->second;
+  return e;
 }
 
 // Per-thread copies of recent lookups: the per-call path takes no lock.
@@ -60,7 +62,7 @@ struct RecentLookups {
     int device = -2;
     KernelInfo info;
   };
-  std::array<Slot, 8> slots;
+  std::array<Slot, 32> slots;
   unsigned next = 0;
 };
 
@@ -76,7 +78,11 @@ const DeviceInfo& device_info(int device) {
   if (!ready[device].load(std::memory_order_relaxed)) {
     cudaDeviceProp props{};
     DeviceInfo d;
-    if (cudaGetDeviceProperties(&props, device) == cudaSuccess) {
+    if (cudaGetDeviceProperties(&props, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return none;  // asked again next time
+    }
+    {
       d.device = device;
       d.sm_count = props.multiProcessorCount;
       d.cc_major = props.major;
@@ -85,8 +91,6 @@ const DeviceInfo& device_info(int device) {
       d.max_threads_per_block = props.maxThreadsPerBlock;
       d.cluster_launch = props.clusterLaunch != 0;
       d.pdl = props.major >= 9;
-    } else {
-      (void)cudaGetLastError();
     }
     infos[device] = d;
     ready[device].store(true, std::memory_order_release);
@@ -106,7 +110,7 @@ KernelInfo kernel_info(const void* kernel) {
     std::lock_guard<std::mutex> lock(cache_mutex());
     info = entry(kernel, device).info;
   }
-  recent.slots[recent.next++ % recent.slots.size()] = {kernel, device, info};
+  if (info.max_threads > 0) recent.slots[recent.next++ % recent.slots.size()] = {kernel, device, info};
   return info;
 }
 
@@ -118,6 +122,10 @@ bool launch_fits(const void* kernel, int64_t threads, std::size_t dynamic_smem, 
 }
 
 cudaError_t allow_dynamic_smem(const void* kernel, std::size_t dynamic_smem) {
+  if (dynamic_smem == 0) return cudaSuccess;
+  if (const KernelInfo k = kernel_info(kernel);  // per-thread cache: no lock on the common path
+      k.max_threads > 0 && dynamic_smem + static_cast<std::size_t>(k.static_smem) <= kDefaultSmem)
+    return cudaSuccess;
   const int device = current_device();
   std::lock_guard<std::mutex> lock(cache_mutex());
   PerKernel& e = entry(kernel, device);
@@ -150,7 +158,7 @@ int64_t resident_clusters(const void* kernel, int threads_x, int threads_y, std:
     bool operator==(const Key&) const = default;
   };
   struct Recent {
-    std::array<std::pair<Key, int64_t>, 8> slots{};
+    std::array<std::pair<Key, int64_t>, 32> slots{};
     unsigned next = 0;
   };
   thread_local Recent recent;
@@ -184,7 +192,7 @@ int64_t resident_clusters(const void* kernel, int threads_x, int threads_y, std:
       else (void)cudaGetLastError();
     }
   }
-  recent.slots[recent.next++ % recent.slots.size()] = {key, result};
+  if (result > 0) recent.slots[recent.next++ % recent.slots.size()] = {key, result};  // failures asked again
   return result;
 }
 

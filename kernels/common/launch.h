@@ -30,16 +30,18 @@ struct DeviceInfo {
 struct KernelInfo {
   int static_smem = 0;
   int max_threads = 0;  // 0: the kernel cannot be queried (no device): nothing fits
+  int ptx_version = 0;  // of the code the kernel was built from (90: sm_90 PTX; 80 if JIT-compiled from sm_80)
 };
 
 #if HFNN_WITH_CUDA
 // The device's limits, read once per device (cudaGetDeviceProperties). A device that cannot be
-// queried gives device = -1.
+// queried gives device = -1 (and is asked again next time: a failure is not cached).
 const DeviceInfo& device_info(int device);
 // The current device's.
 const DeviceInfo& current_device_info();
 
-// The kernel's static shared memory and the most threads a block may have, for the current device.
+// The kernel's static shared memory and the most threads a block may have, for the current device;
+// read once (a failed query is not cached, so a transient failure costs one call, not the kernel).
 KernelInfo kernel_info(const void* kernel);
 
 // Whether a block of `threads` threads with `dynamic_smem` bytes of dynamic shared memory launches.

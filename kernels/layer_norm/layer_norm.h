@@ -53,6 +53,7 @@ struct BwdParams {
   void* dgamma = nullptr;       // [cols] or null
   void* dbeta = nullptr;        // [cols] or null
   void* workspace = nullptr;    // workspace_bytes(params) bytes of device memory, or null if that is 0
+  std::size_t workspace_size = 0;  // bytes at `workspace`: run() never uses more (a smaller grid instead)
   int64_t rows = 0;
   int64_t cols = 0;
   DType dtype = DType::kFloat32;

@@ -307,7 +307,8 @@ int regs_grid(const BwdParams& p) {
 
 template <int kTpr, int kRows, typename T, int kNv>
 cudaError_t launch_bwd_regs(const BwdParams& p, cudaStream_t stream) {
-  const int grid = regs_grid<kTpr, kRows, T, kNv>(p);
+  const int grid = static_cast<int>(grid_within_workspace(regs_grid<kTpr, kRows, T, kNv>(p), p));
+  if (grid < 1) return cudaErrorInvalidValue;
   auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
   const std::size_t smem = regs_fold_bytes(p.cols);
   if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
@@ -433,6 +434,8 @@ bool bwd_vectorizable(const BwdParams& p) {
 std::size_t block_smem(int64_t cols) { return 2 * static_cast<std::size_t>(cols) * sizeof(float); }
 
 // The block variant's launch: partials in shared memory where they fit, else in the workspace.
+constexpr std::size_t kMaxGlobalPartials = std::size_t{256} << 20;
+
 struct BlockLaunch {
   void (*kernel)(const BwdParams) = nullptr;
   std::size_t smem = 0;
@@ -451,8 +454,11 @@ BlockLaunch block_launch(const BwdParams& p) {
       l.grid = static_cast<int>(
           resident_clusters(reinterpret_cast<const void*>(l.kernel), kBlockThreads, 1, l.smem, 1, p.device));
     } else if (fits(in_global, kBlockThreads, 0, p.device)) {
-      // One block per SM at most: each block's partial rows (2 x cols floats) are its own memory.
-      l = {in_global, 0, p.device.sm_count};
+      // One block per SM at most: each block's partial rows (2 x cols floats) are its own memory,
+      // and together no more than kMaxGlobalPartials (fewer blocks than 132 only past 254K columns).
+      const int64_t by_memory = static_cast<int64_t>(kMaxGlobalPartials / (2 * sizeof(float))) / p.cols;
+      const int64_t grid = by_memory < p.device.sm_count ? by_memory : p.device.sm_count;
+      l = {in_global, 0, static_cast<int>(grid > 1 ? grid : 1)};
     } else {
       return BlockLaunch{};
     }
@@ -513,12 +519,14 @@ std::size_t bwd_block_workspace(const BwdParams& p) {
 cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream) {
   const BlockLaunch l = block_launch(p);
   if (!l.kernel) return cudaErrorInvalidConfiguration;
+  const int grid = static_cast<int>(grid_within_workspace(l.grid, p));
+  if (grid < 1) return cudaErrorInvalidValue;
   if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
   BwdParams q = p;
   if (!p.dgamma && !p.dbeta) q.workspace = nullptr;
-  l.kernel<<<l.grid, kBlockThreads, l.smem, stream>>>(q);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  return reduce_partials(p, static_cast<const float*>(p.workspace), l.grid, stream);
+  if (const cudaError_t err = launch_plain(l.kernel, grid, kBlockThreads, l.smem, stream, q); err != cudaSuccess)
+    return err;
+  return reduce_partials(p, static_cast<const float*>(p.workspace), grid, stream);
 }
 
 }  // namespace hfnn::kernels::layer_norm

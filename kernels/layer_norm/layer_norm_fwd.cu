@@ -304,8 +304,7 @@ cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream) {
   if (!l.kernel) return cudaErrorInvalidConfiguration;
   if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
   const unsigned grid = static_cast<unsigned>(p.rows < (1 << 30) ? p.rows : (1 << 30));
-  l.kernel<<<grid, l.threads, l.smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_plain(l.kernel, grid, l.threads, l.smem, stream, p);
 }
 
 }  // namespace hfnn::kernels::layer_norm

@@ -32,6 +32,16 @@ template <int kCluster> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_
 // partials in the workspace, summed in a fixed order (layer_norm_bwd.cu).
 cudaError_t reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream);
 
+// The persistent backward grids write 2 x cols floats of partials per block (or cluster) when
+// dgamma or dbeta is wanted: the grid run() launches, never more than the workspace holds (it was
+// sized by workspace_bytes() from the same query, but a caller's smaller buffer must not be
+// overrun). 0: the workspace holds no block.
+inline int64_t grid_within_workspace(int64_t grid, const BwdParams& p) {
+  if (!p.dgamma && !p.dbeta) return grid;
+  const int64_t fit = static_cast<int64_t>(p.workspace_size / (2 * static_cast<std::size_t>(p.cols) * sizeof(float)));
+  return grid < fit ? grid : fit;
+}
+
 // Row-register variants hold at most this many 16-byte accesses per thread per row.
 inline constexpr int kMaxAccessesPerThread = 8;
 

@@ -477,7 +477,8 @@ template <typename K>
 bool shape_fits(K kernel, const WideShape& s, std::size_t smem, int cluster, const DeviceInfo& device) {
   if (!fits(kernel, static_cast<int64_t>(s.threads) * s.rows, smem, device)) return false;  // registers too
   if (cluster == 1) return true;
-  return device.cluster_launch &&
+  // Clusters need the device's support and code built for it (sm_90 PTX or later).
+  return device.cluster_launch && kernel_info(reinterpret_cast<const void*>(kernel)).ptx_version >= 90 &&
          resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, cluster, device) > 0;
 }
 
@@ -577,7 +578,8 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
     }
     const std::size_t smem = bwd_fold_bytes(s, p.dtype);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    const int64_t clusters = bwd_clusters(kernel, p, s, kCluster);
+    const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster), p);
+    if (clusters < 1) return cudaErrorInvalidValue;
     if (const cudaError_t err = launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)),
                                        dim3(s.threads, s.rows), smem, stream, kCluster, p, s.part);
         err != cudaSuccess)

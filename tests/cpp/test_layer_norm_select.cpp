@@ -28,7 +28,8 @@ const char* kData = R"({"gpus": [
     {"dtype": "float32", "pass": "bwd", "rows": 1000, "cols": 64, "ranking": ["bwd_b"]},
     {"dtype": "bfloat16", "pass": "fwd", "rows": 1000, "cols": 64, "ranking": ["torch"]}
   ]},
-  {"name": "GPU Two", "compute_capability": "8.0", "points": []}
+  {"name": "GPU Two", "compute_capability": "8.0", "points": []},
+  {"name": "Other One X", "compute_capability": "9.0", "points": []}
 ]})";
 
 ln::Defaults data() { return ln::Defaults::parse(kData, kFwd, kBwd); }
@@ -37,9 +38,11 @@ ln::Defaults data() { return ln::Defaults::parse(kData, kFwd, kBwd); }
 
 TEST(LayerNormDefaults, FindsTheGpuByNameThenByComputeCapability) {
   const auto d = data();
-  ASSERT_EQ(d.gpus().size(), 2u);
+  ASSERT_EQ(d.gpus().size(), 3u);
   EXPECT_EQ(d.for_gpu("GPU One", "7.5")->name, "GPU One");
-  EXPECT_EQ(d.for_gpu("GPU Three", "9.0")->name, "GPU One");  // same architecture, other model
+  EXPECT_EQ(d.for_gpu("GPU Three", "9.0")->name, "GPU One");  // same architecture, nearest name
+  EXPECT_EQ(d.for_gpu("Other One Y", "9.0")->name, "Other One X");
+  EXPECT_EQ(d.for_gpu("Unrelated", "9.0")->name, "GPU One");  // no common start: the first measured
   EXPECT_EQ(d.for_gpu("GPU Three", "8.6"), nullptr);          // never measured: torch runs
 }
 
@@ -53,14 +56,20 @@ TEST(LayerNormDefaults, NearestPointByWidthThenSize) {
   // Between measured widths: log-scale distance (200 is nearer 64 than 1024; 300 nearer 1024).
   EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 200)->cols, 64);
   EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 300)->cols, 1024);
-  // Past the last measured width: the widest.
-  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 1 << 20)->cols, 1024);
-  // Widths without 16-byte rows only look at widths aligned like them: 65 takes 63's point.
+  // Past the last measured width: the widest, up to 4x away (4096 is exactly 4x 1024); further,
+  // nothing (torch).
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 4096)->cols, 1024);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 4104), nullptr);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 1 << 20), nullptr);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 8), nullptr);  // 8x below 64
+  // Widths without 16-byte rows only look at widths aligned like them: 65 takes 63's point, and so
+  // does 201 (3.2x); 4097 is 65x away: nothing.
   EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 65)->cols, 63);
-  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 4097)->cols, 63);
-  // 8-byte rows (cols = 2 mod 4) were not measured: the worse-aligned (4-byte) data answers, never
-  // the 16-byte data.
-  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 66)->cols, 63);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 201)->cols, 63);
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 4097), nullptr);
+  // 8-byte rows (cols = 2 mod 4) were not measured: nothing, neither the 4-byte (odd) data nor the
+  // 16-byte data answers for them.
+  EXPECT_EQ(g->nearest(DType::kFloat32, false, 1000, 66), nullptr);
   // Dtype and pass are separate tables; none for float16 here.
   EXPECT_EQ(g->nearest(DType::kFloat16, false, 1000, 64), nullptr);
   EXPECT_EQ(g->nearest(DType::kBFloat16, true, 1000, 64), nullptr);

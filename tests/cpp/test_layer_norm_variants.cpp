@@ -259,6 +259,7 @@ TEST(LayerNormVariants, BackwardMatchesReferenceAndIsDeterministic) {
       SCOPED_TRACE(std::string(v.name) + " " + c.name());
       DeviceBuffer workspace(v.workspace_bytes(p));
       p.workspace = workspace.ptr;
+      p.workspace_size = v.workspace_bytes(p);
       std::vector<unsigned char> first_dx, first_dg, first_db;
       for (int run = 0; run < 2; ++run) {
         dx.poison();

@@ -6,6 +6,7 @@ neighbours, multiples of 64 and of 96, odd values); row counts 1, 3, 257 and man
 elements); float32, bfloat16 and float16. One test per dtype and range of widths: it runs every
 case and reports every mismatch at once. On a machine without a GPU they skip with the reason.
 """
+import ast
 import math
 import os
 import zlib
@@ -190,6 +191,7 @@ for _ in range(3):
     y.sum().backward()
 torch.testing.assert_close(y, ref(x))
 print("ok")
+print(hfnn.dispatch_stats()["fallbacks"])
 """
 
 
@@ -205,9 +207,12 @@ def test_gpu_failed_launch_runs_torch_with_one_warning(backward):
     env.pop("HFNN_STRICT", None)
     out = subprocess.run([sys.executable, "-c", _FAILING_LAUNCH], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "ok"
+    ok, fallbacks = out.stdout.strip().splitlines()
+    assert ok == "ok"
     warnings = [line for line in out.stderr.splitlines() if f"variant '{name}' failed" in line]
     assert len(warnings) == 1, out.stderr  # three calls, one warning
+    # Every call counted as a failed launch: the first failed, the others went to torch directly.
+    assert ast.literal_eval(fallbacks)["bwd" if backward else "fwd"].get("kernel launch failed") == 3, fallbacks
     env["HFNN_STRICT"] = "1"
     out = subprocess.run([sys.executable, "-c", _FAILING_LAUNCH], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode != 0
