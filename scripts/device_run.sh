@@ -22,6 +22,8 @@
 #   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
+#   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
+#             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
@@ -181,6 +183,20 @@ if want sweep-compile; then
   timeout ${COMPILE_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --candidates compile --sizes 16M \
     --out "$OUT/layer_norm_sweep-compile-$gpu.json" 2>&1 | tee "$OUT/sweep-compile.log" \
     | grep -E "FAILED|wrote|compiled|copy" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want ncu; then
+  for case in ${NCU_CASES:-bwd_wide_c1:bfloat16:8192x2048}; do
+    IFS=: read -r variant dtype shape <<< "$case"
+    # Two of hfnn's kernels after six warm-up launches: the 4th backward call's variant and partials'
+    # reduction, or the 7th and 8th forward calls. Clocks as the benchmarks run them (no locking).
+    ncu --clock-control none -k regex:"wide_kernel|regs_kernel|block_kernel|reduce_partials" --launch-skip 6 --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats \
+      python3 bench/profile_variant.py --shape ${shape/x/ } --dtype "$dtype" --variant "$variant" --runs 8 \
+      > "$OUT/ncu-$variant-$dtype-$shape.log" 2>&1 || status=1
+    echo "== $case"; grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|No Eligible|Active Warps Per Scheduler|Eligible Warps" \
+      "$OUT/ncu-$variant-$dtype-$shape.log" | head -40
+  done
 fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)

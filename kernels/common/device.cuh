@@ -1,4 +1,4 @@
-// Device helpers shared by the kernel families: 16-byte packs, float conversions, reductions and
+// Device helpers shared by the kernel families: packs of 2 to 16 bytes, float conversions, reductions and
 // the dtype switch that turns a run-time DType into a template argument at one boundary.
 #pragma once
 #include <cuda_bf16.h>
@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -26,66 +27,115 @@ __device__ __forceinline__ T from_float(float v) {
   else return __float2bfloat16_rn(v);
 }
 
-// Elements in one 16-byte access: the widest load a thread can issue.
-template <typename T>
-inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+// Elements in one access of kBytes (16: the widest load a thread can issue; 8, 4 or 2 where a row
+// is only aligned that far).
+template <typename T, int kBytes = 16>
+inline constexpr int kVec = kBytes / static_cast<int>(sizeof(T));
 
-// 16 bytes of T held as four 32-bit words. Words, not a T[] array: copying, zeroing or selecting
-// a pack of 16-bit values then costs 4 register moves, not 8 byte-permutes (seen in the bf16
+// The register(s) an access of kBytes loads into.
+template <int kBytes>
+using PackRaw = std::conditional_t<kBytes == 16, uint4,
+                                   std::conditional_t<kBytes == 8, uint2, std::conditional_t<kBytes == 4, uint32_t, uint16_t>>>;
+
+// kBytes of T as loaded: 32-bit words, not a T[] array: copying, zeroing or selecting a pack of
+// 16-bit values then costs a move a word, not a byte-permute an element (seen in the bf16
 // backward's SASS: about 50 PRMTs an iteration before this).
-template <typename T>
+template <typename T, int kBytes = 16>
 struct Pack {
-  uint4 raw;
+  static_assert(kBytes >= static_cast<int>(sizeof(T)) && kBytes % static_cast<int>(sizeof(T)) == 0);
+  PackRaw<kBytes> raw;
 };
 
-template <typename T>
-__device__ __forceinline__ Pack<T> zero_pack() { return Pack<T>{make_uint4(0u, 0u, 0u, 0u)}; }
-template <typename T>
-__device__ __forceinline__ Pack<T> load_pack(const T* p) { return Pack<T>{*reinterpret_cast<const uint4*>(p)}; }
-template <typename T>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) { *reinterpret_cast<uint4*>(p) = v.raw; }
+template <typename T, int kBytes = 16>
+__device__ __forceinline__ Pack<T, kBytes> zero_pack() { return Pack<T, kBytes>{}; }
+template <typename T, int kBytes = 16>
+__device__ __forceinline__ Pack<T, kBytes> load_pack(const T* p) {
+  return Pack<T, kBytes>{*reinterpret_cast<const PackRaw<kBytes>*>(p)};
+}
+template <typename T, int kBytes>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, kBytes>& v) {
+  *reinterpret_cast<PackRaw<kBytes>*>(p) = v.raw;
+}
+
+// A pack's 32-bit words (kBytes >= 4).
+template <int kBytes>
+__device__ __forceinline__ void pack_words(const PackRaw<kBytes>& raw, uint32_t (&w)[kBytes / 4]) {
+  if constexpr (kBytes == 16) {
+    w[0] = raw.x, w[1] = raw.y, w[2] = raw.z, w[3] = raw.w;
+  } else if constexpr (kBytes == 8) {
+    w[0] = raw.x, w[1] = raw.y;
+  } else {
+    w[0] = raw;
+  }
+}
 
 // A pack to floats and back; bf16 widens with one shift or mask per element and narrows two at a
 // time, rounding to nearest even.
-template <typename T>
-__device__ __forceinline__ void unpack(const Pack<T>& p, float (&out)[kVec<T>]) {
-  const uint32_t w[4] = {p.raw.x, p.raw.y, p.raw.z, p.raw.w};
+template <typename T, int kBytes>
+__device__ __forceinline__ void unpack(const Pack<T, kBytes>& p, float (&out)[kVec<T, kBytes>]) {
+  if constexpr (kBytes == 2) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) out[0] = __uint_as_float(static_cast<uint32_t>(p.raw) << 16);
+    else out[0] = __half2float(__ushort_as_half(p.raw));
+  } else {
+    uint32_t w[kBytes / 4];
+    pack_words<kBytes>(p.raw, w);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (std::is_same_v<T, float>) {
-      out[k] = __uint_as_float(w[k]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      out[2 * k] = __uint_as_float(w[k] << 16);
-      out[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    } else {
-      __half2 h;
-      memcpy(&h, &w[k], 4);
-      const float2 f = __half22float2(h);
-      out[2 * k] = f.x;
-      out[2 * k + 1] = f.y;
+    for (int k = 0; k < kBytes / 4; ++k) {
+      if constexpr (std::is_same_v<T, float>) {
+        out[k] = __uint_as_float(w[k]);
+      } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        out[2 * k] = __uint_as_float(w[k] << 16);
+        out[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+      } else {
+        __half2 h;
+        memcpy(&h, &w[k], 4);
+        const float2 f = __half22float2(h);
+        out[2 * k] = f.x;
+        out[2 * k + 1] = f.y;
+      }
     }
   }
 }
 
-template <typename T>
-__device__ __forceinline__ Pack<T> pack(const float (&in)[kVec<T>]) {
-  uint32_t w[4];
+template <typename T, int kBytes = 16>
+__device__ __forceinline__ Pack<T, kBytes> pack(const float (&in)[kVec<T, kBytes>]) {
+  if constexpr (kBytes == 2) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return Pack<T, 2>{__bfloat16_as_ushort(__float2bfloat16_rn(in[0]))};
+    else return Pack<T, 2>{__half_as_ushort(__float2half_rn(in[0]))};
+  } else {
+    uint32_t w[kBytes / 4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (std::is_same_v<T, float>) {
-      w[k] = __float_as_uint(in[k]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
-      memcpy(&w[k], &b, 4);
-    } else {
-      const __half2 h = __floats2half2_rn(in[2 * k], in[2 * k + 1]);
-      memcpy(&w[k], &h, 4);
+    for (int k = 0; k < kBytes / 4; ++k) {
+      if constexpr (std::is_same_v<T, float>) {
+        w[k] = __float_as_uint(in[k]);
+      } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
+        memcpy(&w[k], &b, 4);
+      } else {
+        const __half2 h = __floats2half2_rn(in[2 * k], in[2 * k + 1]);
+        memcpy(&w[k], &h, 4);
+      }
     }
+    if constexpr (kBytes == 16) return Pack<T, 16>{make_uint4(w[0], w[1], w[2], w[3])};
+    else if constexpr (kBytes == 8) return Pack<T, 8>{make_uint2(w[0], w[1])};
+    else return Pack<T, 4>{w[0]};
   }
-  return Pack<T>{make_uint4(w[0], w[1], w[2], w[3])};
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// The widest access, 16, 8, 4 or 2 bytes but at least an element of `elem` bytes, at which rows of
+// `cols` elements starting at each of `pointers` (null ones ignored) stay aligned; 0 when not even
+// an element is.
+inline int access_bytes(int64_t cols, int elem, std::initializer_list<const void*> pointers) {
+  for (int bytes = 16; bytes >= elem; bytes /= 2) {
+    bool ok = (cols * elem) % bytes == 0;
+    for (const void* p : pointers)
+      if (p && (reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(bytes)) != 0) ok = false;
+    if (ok) return bytes;
+  }
+  return 0;
+}
 
 // Sum over the `width` consecutive lanes of a group (width a power of two <= 32); every lane of the
 // warp must call it. Fixed butterfly order: bit-identical results run to run.
@@ -119,6 +169,18 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
     case DType::kFloat32: break;
   }
   return f.template operator()<float>();
+}
+
+// Calls f.template operator()<kBytes>() with the access width `bytes` (access_bytes()) as a
+// template argument: 16, 8, 4, or 2 for 16-bit T. The caller has checked bytes >= sizeof(T).
+template <typename T, typename F>
+decltype(auto) with_access_bytes(int bytes, F&& f) {
+  if constexpr (sizeof(T) == 2) {
+    if (bytes == 2) return f.template operator()<2>();
+  }
+  if (bytes == 4) return f.template operator()<4>();
+  if (bytes == 8) return f.template operator()<8>();
+  return f.template operator()<16>();
 }
 
 // Programmatic dependent launch (Hopper): a kernel launched with launch_pdl() may be scheduled

@@ -9,6 +9,8 @@
 //                               within a warp, then a fixed-order sum over warps in shared memory)
 //                               into one partial row in the workspace, and a second small kernel sums
 //                               those rows in a fixed order. No float atomics: bit-identical results.
+//                               Accesses of 16 bytes where rows are 16-byte aligned, else 8, 4 or 2
+//                               (an element): every alignment, up to kTpr x 8 accesses a row.
 //   bwd_regs_tpr{4,8,16,32}_r2  The same with two rows per thread group at once instead of the
 //                               pipelining (rows of 1 or 2 accesses per thread only).
 //   bwd_block                   Persistent grid, one block per row at a time, any cols: a first pass
@@ -85,10 +87,10 @@ constexpr int regs_min_blocks(int elements) { return elements <= 8 ? 3 : 1; }
 // which already have two rows of loads in flight, do not.
 constexpr bool regs_prefetch(int rows, int elements) { return rows == 1 && elements <= 32; }
 
-template <typename T, int kTpr, int kNv, int kRows>
-__global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec<T>)) bwd_regs_kernel(const BwdParams p) {
+template <typename T, int kTpr, int kNv, int kRows, int kBytes>
+__global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec<T, kBytes>)) bwd_regs_kernel(const BwdParams p) {
   extern __shared__ float fold[];  // [kRegsWarps][cols]
-  constexpr int kV = kVec<T>;
+  constexpr int kV = kVec<T, kBytes>;
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
   // A group works on kRows rows at once: all their loads are issued before any use.
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
     for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
     if constexpr (kHoldGamma) {
       const int col = (i * kTpr + lane) * kV;
-      if (gamma && col < cols) unpack(load_pack(gamma + col), held_gamma[i]);
+      if (gamma && col < cols) unpack(load_pack<T, kBytes>(gamma + col), held_gamma[i]);
       else
 #pragma unroll
         for (int k = 0; k < kV; ++k) held_gamma[i][k] = 1.f;
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = held_gamma[i][k];
     } else if (gamma) {
-      unpack(load_pack(gamma + (i * kTpr + lane) * kV), out);
+      unpack(load_pack<T, kBytes>(gamma + (i * kTpr + lane) * kV), out);
     } else {
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = 1.f;
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
   // x and dy stay in registers as loaded (half the registers of floats for 16-bit types). The
   // next iteration's rows are loaded before this one's arithmetic (software pipelining), so loads
   // stay in flight while a thread computes, shuffles and stores.
-  Pack<T> next_x[kRows][kNv], next_dy[kRows][kNv];
+  Pack<T, kBytes> next_x[kRows][kNv], next_dy[kRows][kNv];
   float next_mean[kRows], next_rstd[kRows];
   auto load_rows = [&](int64_t row0) {
 #pragma unroll
@@ -152,10 +154,10 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
         if (valid && col < cols) {
-          next_x[r][i] = load_pack(x + col);
-          next_dy[r][i] = load_pack(dy + col);
+          next_x[r][i] = load_pack<T, kBytes>(x + col);
+          next_dy[r][i] = load_pack<T, kBytes>(dy + col);
         } else {
-          next_x[r][i] = next_dy[r][i] = zero_pack<T>();
+          next_x[r][i] = next_dy[r][i] = zero_pack<T, kBytes>();
         }
       }
     }
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
 
   for (int64_t row0 = first; row0 < p.rows; row0 += stride) {
     if constexpr (!kPrefetch) load_rows(row0);
-    Pack<T> xs[kRows][kNv], ds[kRows][kNv];
+    Pack<T, kBytes> xs[kRows][kNv], ds[kRows][kNv];
     // xhat = (x - mean) * rstd, as a subtraction first: the fma form x * rstd - mean * rstd cancels
     // badly where |mean| >> std.
     float mean[kRows], rstd[kRows];
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
             out[k] = fmaf(a, dv[k] * gv[k], fmaf(c, xhat, b));
           }
         }
-        store_pack(dx + col, pack<T>(out));
+        store_pack(dx + col, pack<T, kBytes>(out));
       }
     }
   }
@@ -285,10 +287,10 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
 
 std::size_t regs_fold_bytes(int64_t cols) { return static_cast<std::size_t>(kRegsWarps) * cols * sizeof(float); }
 
-template <int kTpr, int kRows, typename T, int kNv>
+template <int kTpr, int kRows, typename T, int kNv, int kBytes>
 int regs_grid(const BwdParams& p) {
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr * kRows;
-  auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
+  auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows, kBytes>;
   // The fold's shared memory grows with cols; remember the last answer per instantiation.
   thread_local int64_t cached_cols = -1;
   thread_local int cached_device = -2;
@@ -305,28 +307,37 @@ int regs_grid(const BwdParams& p) {
   return static_cast<int>(needed < full ? needed : full);
 }
 
-template <int kTpr, int kRows, typename T, int kNv>
+template <int kTpr, int kRows, typename T, int kNv, int kBytes>
 cudaError_t launch_bwd_regs(const BwdParams& p, cudaStream_t stream) {
-  const int grid = static_cast<int>(grid_within_workspace(regs_grid<kTpr, kRows, T, kNv>(p), p));
+  const int grid = static_cast<int>(grid_within_workspace(regs_grid<kTpr, kRows, T, kNv, kBytes>(p), p));
   if (grid < 1) return cudaErrorInvalidValue;
-  auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows>;
+  auto kernel = bwd_regs_kernel<T, kTpr, kNv, kRows, kBytes>;
   const std::size_t smem = regs_fold_bytes(p.cols);
   if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
   if (const cudaError_t err = launch_pdl(kernel, grid, kRegsBlock, smem, stream, p); err != cudaSuccess) return err;
   return launch_reduce_partials<T>(p, static_cast<const float*>(p.workspace), grid, stream);
 }
 
-// Calls f.template operator()<T, kNv>() for the instantiation that fits p (supports() passed).
+// The widest access every row of p allows (16 bytes for rows of a multiple of 16 bytes at 16-byte
+// aligned pointers); dgamma and dbeta are written by reduce_partials, a column at a time.
+int bwd_access_bytes(const BwdParams& p) {
+  return access_bytes(p.cols, static_cast<int>(dtype_size(p.dtype)), {p.x, p.dy, p.dx, p.gamma});
+}
+
+// Calls f.template operator()<T, kNv, kBytes>() for the instantiation that fits p: the widest
+// access its rows allow, the fewest accesses a thread that cover a row (supports() passed).
 template <int kTpr, int kRows, typename F>
 decltype(auto) dispatch_regs(const BwdParams& p, F&& f) {
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    const int nv = regs_accesses(p.cols, kVec<T>, kTpr);
-    if constexpr (kRows == 1) {
-      if (nv == 4) return f.template operator()<T, 4>();
-      if (nv == 8) return f.template operator()<T, 8>();
-    }
-    if (nv == 1) return f.template operator()<T, 1>();
-    return f.template operator()<T, 2>();
+    return with_access_bytes<T>(bwd_access_bytes(p), [&]<int kBytes>() {
+      const int nv = regs_accesses(p.cols, kVec<T, kBytes>, kTpr);
+      if constexpr (kRows == 1) {
+        if (nv == 4) return f.template operator()<T, 4, kBytes>();
+        if (nv == 8) return f.template operator()<T, 8, kBytes>();
+      }
+      if (nv == 1) return f.template operator()<T, 1, kBytes>();
+      return f.template operator()<T, 2, kBytes>();
+    });
   });
 }
 
@@ -471,26 +482,27 @@ BlockLaunch block_launch(const BwdParams& p) {
 
 template <int kTpr, int kRows>
 bool bwd_regs_supports(const BwdParams& p) {
-  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
-  const int nv = regs_accesses(p.cols, vec, kTpr);
-  if (!(p.rows > 0 && p.cols > 0 && bwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows)))
-    return false;
-  return dispatch_regs<kTpr, kRows>(p, [&]<typename T, int kNv>() {
-    return fits(bwd_regs_kernel<T, kTpr, kNv, kRows>, kRegsBlock, regs_fold_bytes(p.cols), p.device);
+  const int bytes = bwd_access_bytes(p);
+  if (!(p.rows > 0 && p.cols > 0 && bytes > 0)) return false;
+  const int nv = regs_accesses(p.cols, bytes / static_cast<int>(dtype_size(p.dtype)), kTpr);
+  if (!(nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows))) return false;
+  return dispatch_regs<kTpr, kRows>(p, [&]<typename T, int kNv, int kBytes>() {
+    return fits(bwd_regs_kernel<T, kTpr, kNv, kRows, kBytes>, kRegsBlock, regs_fold_bytes(p.cols), p.device);
   });
 }
 
 template <int kTpr, int kRows>
 std::size_t bwd_regs_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
-  return dispatch_regs<kTpr, kRows>(
-      p, [&]<typename T, int kNv>() { return partials_bytes(regs_grid<kTpr, kRows, T, kNv>(p), p.cols); });
+  return dispatch_regs<kTpr, kRows>(p, [&]<typename T, int kNv, int kBytes>() {
+    return partials_bytes(regs_grid<kTpr, kRows, T, kNv, kBytes>(p), p.cols);
+  });
 }
 
 template <int kTpr, int kRows>
 cudaError_t bwd_regs_run(const BwdParams& p, cudaStream_t stream) {
   return dispatch_regs<kTpr, kRows>(
-      p, [&]<typename T, int kNv>() { return launch_bwd_regs<kTpr, kRows, T, kNv>(p, stream); });
+      p, [&]<typename T, int kNv, int kBytes>() { return launch_bwd_regs<kTpr, kRows, T, kNv, kBytes>(p, stream); });
 }
 
 #define HFNN_BWD_REGS(TPR, ROWS)                                                  \

@@ -1,11 +1,12 @@
 // LayerNorm forward variants.
 //
-//   fwd_regs_tpr{4,8,16,32}     kTpr threads share a row; the row lives in registers (kNv 16-byte
-//                               accesses per thread, the smallest of 1/2/4/8 that covers cols), so x
-//                               is read from memory once and mean and variance come from registers
+//   fwd_regs_tpr{4,8,16,32}     kTpr threads share a row; the row lives in registers (kNv accesses
+//                               per thread, the smallest of 1/2/4/8 that covers cols), so x is read
+//                               from memory once and mean and variance come from registers
 //                               (two-pass variance, no Welford). Small kTpr gives each thread more
-//                               loads in flight; large kTpr spreads a wide row. Needs cols a multiple
-//                               of 16/sizeof(T) and 16-byte aligned pointers.
+//                               loads in flight; large kTpr spreads a wide row. Accesses of 16 bytes
+//                               where rows are 16-byte aligned, else of 8, 4 or 2 (an element):
+//                               every alignment, up to kTpr x 8 accesses a row.
 //   fwd_regs_tpr{4,8,16,32}_r2  The same with two rows per thread group at once, all loads issued
 //                               first (rows of 1 or 2 accesses per thread only).
 //   fwd_block                   One block per row, the row staged in shared memory as float (or,
@@ -23,9 +24,15 @@ namespace {
 
 constexpr int kRegsBlock = 128;
 
-template <typename T, int kTpr, int kNv, int kRows>
+// The widest access every row of p allows (16 bytes for rows of a multiple of 16 bytes at 16-byte
+// aligned pointers).
+int fwd_access_bytes(const FwdParams& p) {
+  return access_bytes(p.cols, static_cast<int>(dtype_size(p.dtype)), {p.x, p.y, p.gamma, p.beta});
+}
+
+template <typename T, int kTpr, int kNv, int kRows, int kBytes>
 __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p) {
-  constexpr int kV = kVec<T>;
+  constexpr int kV = kVec<T, kBytes>;
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
   const int lane = threadIdx.x % kTpr;
@@ -55,7 +62,7 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
         if (valid && col < cols) {
-          unpack(load_pack(x + col), v[r][i]);
+          unpack(load_pack<T, kBytes>(x + col), v[r][i]);
         } else {
 #pragma unroll
           for (int k = 0; k < kV; ++k) v[r][i][k] = 0.f;
@@ -101,10 +108,10 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
         for (int k = 0; k < kV; ++k) out[k] = (v[r][i][k] - mean[r]) * rstd[r];
         if (gamma) {
           float g[kV];
-          unpack(load_pack(gamma + col), g);
+          unpack(load_pack<T, kBytes>(gamma + col), g);
           if (beta) {
             float b[kV];
-            unpack(load_pack(beta + col), b);
+            unpack(load_pack<T, kBytes>(beta + col), b);
 #pragma unroll
             for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
           } else {
@@ -112,7 +119,7 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
             for (int k = 0; k < kV; ++k) out[k] *= g[k];
           }
         }
-        store_pack(y + col, pack<T>(out));
+        store_pack(y + col, pack<T, kBytes>(out));
       }
       if (lane == 0 && p.mean) {
         p.mean[row] = mean[r];
@@ -122,26 +129,31 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
   }
 }
 
-template <int kTpr, int kRows, typename T, int kNv>
+template <int kTpr, int kRows, typename T, int kNv, int kBytes>
 cudaError_t launch_fwd_regs(const FwdParams& p, cudaStream_t stream) {
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr * kRows;
   const int64_t blocks = (p.rows + kGroupsPerBlock - 1) / kGroupsPerBlock;
   const unsigned grid = static_cast<unsigned>(blocks < (1 << 30) ? blocks : (1 << 30));
-  return launch_pdl(fwd_regs_kernel<T, kTpr, kNv, kRows>, grid, kRegsBlock, 0, stream, p);
+  return launch_pdl(fwd_regs_kernel<T, kTpr, kNv, kRows, kBytes>, grid, kRegsBlock, 0, stream, p);
 }
 
-// Calls f.template operator()<T, kNv>() for the instantiation that fits p; cudaErrorInvalidValue
-// where none does.
+// Calls f.template operator()<T, kNv, kBytes>() for the instantiation that fits p: the widest
+// access its rows allow, the fewest accesses a thread that cover a row; cudaErrorInvalidValue where
+// none does.
 template <int kTpr, int kRows, typename F>
 cudaError_t with_fwd_regs(const FwdParams& p, F&& f) {
+  const int bytes = fwd_access_bytes(p);
+  if (bytes == 0) return cudaErrorInvalidValue;  // pointers not even element-aligned
   return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    switch (regs_accesses(p.cols, kVec<T>, kTpr)) {
-      case 1: return f.template operator()<T, 1>();
-      case 2: return f.template operator()<T, 2>();
-      case 4: if constexpr (kRows == 1) return f.template operator()<T, 4>(); else break;
-      case 8: if constexpr (kRows == 1) return f.template operator()<T, 8>(); else break;
-    }
-    return cudaErrorInvalidValue;
+    return with_access_bytes<T>(bytes, [&]<int kBytes>() -> cudaError_t {
+      switch (regs_accesses(p.cols, kVec<T, kBytes>, kTpr)) {
+        case 1: return f.template operator()<T, 1, kBytes>();
+        case 2: return f.template operator()<T, 2, kBytes>();
+        case 4: if constexpr (kRows == 1) return f.template operator()<T, 4, kBytes>(); else break;
+        case 8: if constexpr (kRows == 1) return f.template operator()<T, 8, kBytes>(); else break;
+      }
+      return cudaErrorInvalidValue;
+    });
   });
 }
 
@@ -239,20 +251,17 @@ bool fwd_vectorizable(const FwdParams& p) {
 
 template <int kTpr, int kRows>
 bool fwd_regs_supports(const FwdParams& p) {
-  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
-  const int nv = regs_accesses(p.cols, vec, kTpr);
-  if (!(p.rows > 0 && p.cols > 0 && fwd_vectorizable(p) && nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows)))
-    return false;
-  return with_fwd_regs<kTpr, kRows>(p, [&]<typename T, int kNv>() {
-           return fits(fwd_regs_kernel<T, kTpr, kNv, kRows>, kRegsBlock, 0, p.device) ? cudaSuccess
-                                                                                       : cudaErrorInvalidValue;
+  if (!(p.rows > 0 && p.cols > 0)) return false;
+  return with_fwd_regs<kTpr, kRows>(p, [&]<typename T, int kNv, int kBytes>() {
+           return fits(fwd_regs_kernel<T, kTpr, kNv, kRows, kBytes>, kRegsBlock, 0, p.device) ? cudaSuccess
+                                                                                               : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
 template <int kTpr, int kRows>
 cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream) {
   return with_fwd_regs<kTpr, kRows>(
-      p, [&]<typename T, int kNv>() { return launch_fwd_regs<kTpr, kRows, T, kNv>(p, stream); });
+      p, [&]<typename T, int kNv, int kBytes>() { return launch_fwd_regs<kTpr, kRows, T, kNv, kBytes>(p, stream); });
 }
 
 #define HFNN_FWD_REGS(TPR, ROWS)                                        \

@@ -9,7 +9,7 @@ namespace {
 template <int kTpr, int kRows>
 constexpr FwdVariant fwd_regs(std::string_view name) {
   return {name,
-          kRows == 1 ? "row in registers, a group of threads per row, 16-byte accesses"
+          kRows == 1 ? "row in registers, a group of threads per row, the widest accesses the rows allow"
                      : "as fwd_regs, two rows per group at once (small rows: more loads in flight)",
           &fwd_regs_supports<kTpr, kRows>, &fwd_regs_run<kTpr, kRows>};
 }

@@ -4,8 +4,9 @@
 
 namespace hfnn::kernels::layer_norm {
 
-// Row held in registers, kTpr threads per row (4, 8, 16 or 32), 16-byte accesses; each group of
-// threads takes kRows rows at once (2 only where a thread's slice of a row is 1 or 2 accesses).
+// Row held in registers, kTpr threads per row (4, 8, 16 or 32), the widest accesses the rows allow
+// (16 bytes, else 8, 4 or an element); each group of threads takes kRows rows at once (2 only where
+// a thread's slice of a row is 1 or 2 accesses).
 template <int kTpr, int kRows> bool fwd_regs_supports(const FwdParams& p);
 template <int kTpr, int kRows> cudaError_t fwd_regs_run(const FwdParams& p, cudaStream_t stream);
 // One block per row, the row staged in shared memory: any cols up to the shared-memory limit.
@@ -42,7 +43,7 @@ inline int64_t grid_within_workspace(int64_t grid, const BwdParams& p) {
   return grid < fit ? grid : fit;
 }
 
-// Row-register variants hold at most this many 16-byte accesses per thread per row.
+// Row-register variants hold at most this many accesses per thread per row.
 inline constexpr int kMaxAccessesPerThread = 8;
 
 // Accesses per thread the row-register variants instantiate for a row: the smallest power of two

@@ -3,7 +3,8 @@ and so does the built-in choice, from D = 1 to D = 262,144.
 
 Widths: every D from 1 to 1,100, then a dense set up to 262,144 (powers of two and their
 neighbours, multiples of 64 and of 96, odd values); row counts 1, 3, 257 and many (about 4M
-elements); float32, bfloat16 and float16. One test per dtype and range of widths: it runs every
+elements); float32, bfloat16 and float16; and tensors that start 1, 2 or 4 elements into their
+storage (rows aligned to less than 16 bytes). One test per dtype and range of widths: it runs every
 case and reports every mismatch at once. On a machine without a GPU they skip with the reason.
 """
 import ast
@@ -62,23 +63,35 @@ def row_counts(cols):
     return [1, 3, 257, max(8, (1 << 22) // cols)]
 
 
-def check_width(cols, dtype, variants, gen):
-    """Every supporting variant and the built-in choice at this width; returns the failures."""
+def at_offset(t, offset):
+    """t's values in a contiguous view that starts `offset` elements into a fresh buffer: with
+    offset 1, 2 or 4, 16-bit data is only 2-, 4- or 8-byte aligned (float32: 4, 8, 16)."""
+    if offset == 0:
+        return t
+    buf = torch.empty(t.numel() + offset, device=t.device, dtype=t.dtype)
+    view = buf[offset:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def check_width(cols, dtype, variants, gen, rows_list=None, offset=0):
+    """Every supporting variant and the built-in choice at this width, its tensors `offset` elements
+    into their buffers; returns the failures."""
     failures = []
     ns = [cols]
-    for rows in row_counts(cols):
+    for rows in rows_list or row_counts(cols):
         for affine in ([True, False] if rows == 3 else [True]):
-            x = (torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype)
-            dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
-            w = (1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype) if affine else None
-            b = (0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype) if affine else None
+            x = at_offset((torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype), offset)
+            dy = at_offset(torch.randn(rows, cols, device="cuda", generator=gen).to(dtype), offset)
+            w = at_offset((1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), offset) if affine else None
+            b = at_offset((0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), offset) if affine else None
             w64 = w.double() if affine else None
             b64 = b.double() if affine else None
             y_ref, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
             mask = [True, affine, affine]
             d_ref = torch.ops.aten.native_layer_norm_backward(dy.double(), x.double(), ns, m_ref, r_ref, w64, b64, mask)
             _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
-            where = f"D={cols} rows={rows} {str(dtype)[6:]}{'' if affine else ' plain'}"
+            where = f"D={cols} rows={rows} {str(dtype)[6:]}{'' if affine else ' plain'}{f' offset {offset}' if offset else ''}"
             tol = TOL[dtype]
             ran = {"fwd": 0, "bwd": 0}
             for v in variants["fwd"]:
@@ -132,6 +145,29 @@ def test_gpu_every_variant_at_every_width(dtype, widths):
         failures += check_width(cols, dtype, variants, gen)
         if len(failures) > 200:
             break
+    torch.cuda.synchronize()
+    assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gpu_every_variant_at_unaligned_pointers(dtype):
+    """Tensors that start 1, 2 or 4 elements into their storage (views, slices of a flat buffer):
+    every variant that says yes matches float64, and the row-register variants, which take the
+    widest access the rows allow, say yes to every such row of up to 256 columns."""
+    variants = hfnn.layer_norm_variants()
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} offsets".encode()))
+    failures = []
+    widths = [1, 2, 3, 5, 7, 8, 16, 31, 32, 33, 64, 100, 127, 128, 255, 256, 257, 500, 512, 1000, 1024, 1025, 4096]
+    for offset in (1, 2, 4):
+        for cols in widths:
+            failures += check_width(cols, dtype, variants, gen, rows_list=[3, 1000], offset=offset)
+            if cols <= 256:
+                x = at_offset(torch.zeros(7, cols, device="cuda", dtype=dtype), offset)
+                w = at_offset(torch.ones(cols, device="cuda", dtype=dtype), offset)
+                for v in ("fwd_regs_tpr32", "bwd_regs_tpr32"):
+                    if not torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, v):
+                        failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: {v} does not take it")
     torch.cuda.synchronize()
     assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
 
