@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "kernels/common/family.h"
 #include "profiles/db.h"
 #include "profiles/report.h"
 #include "tuner/tune_db.h"
@@ -26,7 +28,6 @@
 namespace hfnn::cli {
 namespace {
 
-constexpr const char* kPasses[] = {"fwd", "bwd"};
 volatile sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
@@ -124,16 +125,28 @@ std::string seconds_text(double s) {
   return fmt::format("{}m{:02d}s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
 }
 
-// The passes the profile saw for a key: forward always, backward when it ran.
+// The passes of its family the profile saw for a key: forward always, backward when it ran.
 std::vector<std::string> passes_of(const tuner::ProfiledKey& k) {
   std::vector<std::string> p;
-  for (const char* pass : kPasses)
-    if (std::string(pass) == "fwd" ? k.fwd_calls > 0 : k.bwd_calls > 0) p.emplace_back(pass);
+  const families::Family* family = families::find(k.op);
+  if (!family) return p;
+  for (const std::string_view pass : family->passes)
+    if (pass == "bwd" ? k.bwd_calls > 0 : k.fwd_calls > 0) p.emplace_back(pass);
   return p;
 }
 
-std::vector<tuner::PassResult> judge_response(const nlohmann::json& r, const std::string& dtype,
-                                              const std::vector<std::string>& passes) {
+// "3 LayerNorm key(s)", per family with keys, joined: what the run has to tune.
+std::string keys_text(const std::vector<tuner::ProfiledKey>& keys) {
+  std::string out;
+  for (const families::Family* f : families::all()) {
+    const auto n = std::count_if(keys.begin(), keys.end(), [&](const tuner::ProfiledKey& k) { return k.op == f->op; });
+    if (n > 0) out += fmt::format("{}{} {} key(s)", out.empty() ? "" : ", ", n, f->title);
+  }
+  return out.empty() ? "no tunable key" : out;
+}
+
+std::vector<tuner::PassResult> judge_response(const nlohmann::json& r, const families::Family& family,
+                                              const std::string& dtype, const std::vector<std::string>& passes) {
   std::vector<tuner::PassResult> out;
   for (const auto& pass : passes) {
     tuner::PassResult p;
@@ -151,7 +164,7 @@ std::vector<tuner::PassResult> judge_response(const nlohmann::json& r, const std
       p.candidates.push_back(cand);
     }
     if (p.candidates.empty()) continue;
-    p.choice = tuner::judge(p.candidates, dtype);
+    p.choice = tuner::judge(p.candidates, family.tolerance(dtype));
     out.push_back(std::move(p));
   }
   return out;
@@ -175,8 +188,9 @@ void setup_tune(CLI::App& app, int& exit_code) {
   sub->add_option("--run", o->run, "Profile run whose shapes to tune (0: the newest)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--ops", o->ops, "Ops to tune (default: every op hfnn has variants for: layer_norm)")
-      ->check(CLI::IsMember({"layer_norm", "mha", "lstm"}));
+  sub->add_option("--ops", o->ops,
+                  fmt::format("Ops to tune, as `hfnn report` names them (default: every op hfnn has variants for: {})",
+                              families::op_names()));
   sub->add_option("--top", o->top, "Tune only the N keys with the largest share of time (0: all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -201,8 +215,9 @@ int run_tune(const TuneOptions& o) {
   using Clock = std::chrono::steady_clock;
   const auto started = Clock::now();
   for (const auto& op : o.ops)
-    if (op != "layer_norm") {
-      fmt::print(stderr, "hfnn tune: --ops {}: hfnn has no kernel variants for {} yet (tunable: layer_norm)\n", op, op);
+    if (!families::find(op)) {
+      fmt::print(stderr, "hfnn tune: --ops {}: hfnn has no kernel variants for {} yet (tunable: {})\n", op, op,
+                 families::op_names());
       return 2;
     }
   // Read everything first, read-only: a failure below (no GPU, no worker) leaves the file as it was.
@@ -216,33 +231,36 @@ int run_tune(const TuneOptions& o) {
   }
   std::vector<tuner::ProfiledKey> todo;
   for (const auto& k : run.keys) {
+    if (!o.ops.empty() && std::find(o.ops.begin(), o.ops.end(), k.op) == o.ops.end()) continue;
     if (k.share_pct < o.min_share) continue;
     if (o.top > 0 && static_cast<int>(todo.size()) >= o.top) break;
     todo.push_back(k);
   }
   if (!o.quiet) {
-    fmt::print("Run {} ({}): {} LayerNorm key(s) from {} step(s) x {} rank(s), times on {}; tuning {}\n", run.id,
-               run.command, run.keys.size(), run.steps, run.ranks, run.time_basis == "cuda" ? "the GPU" : "the CPU",
+    fmt::print("Run {} ({}): {} from {} step(s) x {} rank(s), times on {}; tuning {}\n", run.id, run.command,
+               keys_text(run.keys), run.steps, run.ranks, run.time_basis == "cuda" ? "the GPU" : "the CPU",
                todo.size());
     for (const auto& [op, n] : run.untunable)
       fmt::print("  {}: {} shape(s) recorded; hfnn has no variants for {} yet, so torch keeps them\n", op, n, op);
   }
   if (run.keys.empty()) {
-    fmt::print("Nothing to tune: run {} recorded no LayerNorm calls (see `hfnn report --db {}`)\n", run.id, o.db);
+    fmt::print("Nothing to tune: run {} recorded no calls of an op hfnn has variants for ({}; see `hfnn report --db "
+               "{}`)\n",
+               run.id, families::op_names(), o.db);
     return 0;
   }
   if (o.dry_run) {
-    fmt::print("  {:<4} {:<26} {:<9} {:>8} {:>7}  {:<8} {}\n", "#", "LayerNorm key (rows x D)", "dtype", "Run%", "share",
-               "passes", "shapes");
+    fmt::print("  {:<4} {:<36} {:<9} {:>8} {:>7}  {:<8} {}\n", "#", "key", "dtype", "Run%", "share", "passes",
+               "shapes");
     int i = 0;
     for (const auto& k : todo) {
-      const auto key = tuner::parse_layer_norm_key(k.key);
+      const families::Family* family = families::find(k.op);
       std::string passes;
       for (const auto& p : passes_of(k)) passes += (passes.empty() ? "" : "+") + p;
       std::string shapes;
       for (const auto& s : k.shapes) shapes += (shapes.empty() ? "" : " ") + s;
-      fmt::print("  {:<4} {:<26} {:<9} {:>7.2f}% {:>6.1f}%  {:<8} {}\n", ++i,
-                 key ? fmt::format("{} x {}{}", key->rows, key->cols, key->affine ? "" : " no-affine") : k.key, k.dtype,
+      fmt::print("  {:<4} {:<36} {:<9} {:>7.2f}% {:>6.1f}%  {:<8} {}\n", ++i,
+                 fmt::format("{} {} ({})", family->title, family->key_label(k.key), family->key_header), k.dtype,
                  k.run_pct, k.share_pct, passes, shapes);
     }
     double total = todo.size() * (o.seconds_per_key + 0.5);
@@ -319,7 +337,7 @@ int run_tune(const TuneOptions& o) {
         fmt::print(stderr, "  {} {}: not tuned: {}\n", k.key, k.dtype, why.is_string() ? why.get<std::string>() : why.dump());
         continue;
       }
-      const auto results = judge_response(*r, k.dtype, passes);
+      const auto results = judge_response(*r, *families::find(k.op), k.dtype, passes);
       tuner::store(db, env, k.op, k.key, k.dtype, results);
       ++tuned;
       if (!o.quiet) {

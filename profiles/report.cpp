@@ -6,6 +6,8 @@
 #include <map>
 #include <vector>
 
+#include "kernels/common/family.h"
+
 namespace hfnn::profiles {
 
 std::string op_category(const std::string& name) {
@@ -295,13 +297,9 @@ std::string ceiling_text(const nlohmann::json& p) {
                      p["ceiling"].get<double>());
 }
 
-// "rows=32768,D=256,affine=1" -> "32768 x 256" (" no-affine" when so); other keys as they are.
-std::string key_label(const std::string& key) {
-  long long rows = 0, cols = 0;
-  int affine = 1;
-  if (std::sscanf(key.c_str(), "rows=%lld,D=%lld,affine=%d", &rows, &cols, &affine) == 3)
-    return fmt::format("{} x {}{}", rows, cols, affine ? "" : " no-affine");
-  return key;
+std::string key_label(const std::string& op, const std::string& key) {
+  const families::Family* family = families::find(op);
+  return family ? fmt::format("{} {}", family->title, family->key_label(key)) : fmt::format("{} {}", op, key);
 }
 
 std::string tune_text(const nlohmann::json& summary) {
@@ -313,15 +311,15 @@ std::string tune_text(const nlohmann::json& summary) {
                      env["gpu"].get<std::string>(), env["compute_capability"].get<std::string>(),
                      env["cuda"].get<std::string>(), env["torch"].get<std::string>(), env["hfnn"].get<std::string>(),
                      e["keys_tuned"].get<int>(), e["keys_in_run"].get<size_t>(), run_id);
-    t += fmt::format("  {:<28} {:<9} {:>7} {:>7}  {:<4} {:>10} {:>10}  {:<20} {:>8}\n", "LayerNorm key (rows, D)", "dtype",
+    t += fmt::format("  {:<36} {:<9} {:>7} {:>7}  {:<4} {:>10} {:>10}  {:<20} {:>8}\n", "key", "dtype",
                      "Run%", "share", "pass", "torch µs", "best µs", "winner", "speed-up");
     std::string last;
     for (const auto& r : e["rows"]) {
-      const std::string id = r["key"].get<std::string>() + r["dtype"].get<std::string>();
+      const std::string id = r["op"].get<std::string>() + r["key"].get<std::string>() + r["dtype"].get<std::string>();
       const bool first = id != last;
       last = id;
-      const std::string key = key_label(r["key"].get<std::string>());
-      t += fmt::format("  {:<28} {:<9} {:>7} {:>7}  {:<4} {:>10.2f} {:>10.2f}  {:<20} {:>7.2f}x\n", first ? key : "",
+      const std::string key = key_label(r["op"].get<std::string>(), r["key"].get<std::string>());
+      t += fmt::format("  {:<36} {:<9} {:>7} {:>7}  {:<4} {:>10.2f} {:>10.2f}  {:<20} {:>7.2f}x\n", first ? key : "",
                        first ? r["dtype"].get<std::string>() : "",
                        first ? fmt::format("{:.2f}%", r["run_pct"].get<double>()) : "",
                        first ? fmt::format("{:.1f}%", r["share_pct"].get<double>()) : "", r["pass"].get<std::string>(),

@@ -38,8 +38,9 @@ std::string basis_text(const nlohmann::json& projection);
 // "1.124x", or "no bound" for a null (infinite) speed-up.
 std::string speedup_text(const nlohmann::json& speedup);
 std::string cpu_bound_note(const nlohmann::json& projection);
-// "rows=32768,D=256,affine=1" -> "32768 x 256"; any other key as it is.
-std::string key_label(const std::string& key);
+// A tuning key as people read it, by its family: "LayerNorm 32768 x 256"; an op without a family
+// shows its key as it is.
+std::string key_label(const std::string& op, const std::string& key);
 // The same as one self-contained HTML page (inline CSS and SVG; no script, no network).
 std::string report_html(const nlohmann::json& report);
 

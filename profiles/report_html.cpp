@@ -187,7 +187,7 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
       }
       double fastest = 1;
       for (const auto& t : e["rows"]) fastest = std::max(fastest, t["speedup"].get<double>());
-      h += "<table><tr><th>LayerNorm rows &times; D</th><th>dtype</th><th class=\"num\">Run%</th><th class=\"num\">share</th>"
+      h += "<table><tr><th>key</th><th>dtype</th><th class=\"num\">Run%</th><th class=\"num\">share</th>"
            "<th>pass</th><th class=\"num\">torch &micro;s</th><th class=\"num\">best &micro;s</th><th>winner</th>"
            "<th>speed-up</th></tr>\n";
       for (const auto& t : e["rows"]) {
@@ -195,10 +195,10 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
         h += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"num\">{:.2f}%</td><td class=\"num\">{:.1f}%</td>"
                          "<td>{}</td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td><td><code>{}</code></td>"
                          "<td>{} {:.2f}x</td></tr>\n",
-                         escape(key_label(t["key"].get<std::string>())), escape(t["dtype"].get<std::string>()),
+                         escape(key_label(t["op"].get<std::string>(), t["key"].get<std::string>())), escape(t["dtype"].get<std::string>()),
                          t["run_pct"].get<double>(), t["share_pct"].get<double>(), escape(t["pass"].get<std::string>()),
                          t["torch_us"].get<double>(), t["best_us"].get<double>(), escape(t["winner"].get<std::string>()),
-                         bar(speedup / fastest, category_color("layer_norm"), 120), speedup);
+                         bar(speedup / fastest, category_color(t["op"].get<std::string>()), 120), speedup);
       }
       h += "</table>\n";
     }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "kernels/common/dtype.h"
+#include "kernels/layer_norm/layer_norm_family.h"
 #include "profiles/db.h"
 #include "tuner/tuner.h"
 #if HFNN_WITH_CUDA
@@ -101,7 +102,7 @@ Table Table::load(const std::string& path, const Versions& versions) {
         continue;
       }
       if (s.column_text(6) != "layer_norm") continue;
-      const auto key = tuner::parse_layer_norm_key(s.column_text(7));
+      const auto key = kernels::layer_norm::parse_key(s.column_text(7));
       const auto dtype = dtype_code(s.column_text(8));
       const std::string pass = s.column_text(9), winner = s.column_text(10);
       if (!key || !dtype || (pass != "fwd" && pass != "bwd")) continue;

@@ -7,6 +7,9 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <tuple>
+
+#include "kernels/common/family.h"
 
 namespace hfnn::tuner {
 namespace {
@@ -32,9 +35,7 @@ bool has_table(profiles::Database& db, const char* name) {
   return s.step() && s.column_int(0) > 0;
 }
 
-bool tunable(const std::string& op) {
-  return std::any_of(std::begin(kTunableOps), std::end(kTunableOps), [&](const char* t) { return op == t; });
-}
+bool tunable(const std::string& op) { return families::find(op) != nullptr; }
 
 }  // namespace
 
@@ -86,32 +87,39 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     r.time_basis = s.column_int(0) > 0 ? "cuda" : "cpu";
   }
   const char* time_col = r.time_basis == "cuda" ? "cuda_total_us" : "cpu_total_us";
-  std::map<std::pair<std::string, std::string>, ProfiledKey> keys;  // (key, dtype)
-  std::map<std::pair<std::string, std::string>, std::set<std::string>> shapes;
-  int64_t all_fwd_calls = 0;
+  // (op, key, dtype): a key is its family's, so two families' keys never meet.
+  using Id = std::tuple<std::string, std::string, std::string>;
+  std::map<Id, ProfiledKey> keys;
+  std::map<Id, std::set<std::string>> shapes;
+  std::map<std::string, int64_t> fwd_calls_of_op;
   {
     Statement s(db.handle(),
-                fmt::format("SELECT op, shape, coalesce(normalized_shape, ''), dtype, coalesce(affine, 1), phase,"
-                            " sum(calls), coalesce(sum({}), 0) FROM shape_stats WHERE run_id = ?"
-                            " GROUP BY op, shape, normalized_shape, dtype, affine, phase",
+                fmt::format("SELECT op, shape, coalesce(normalized_shape, ''), dtype, coalesce(affine, 1),"
+                            " coalesce(flags, ''), phase, sum(calls), coalesce(sum({}), 0) FROM shape_stats"
+                            " WHERE run_id = ? GROUP BY op, shape, normalized_shape, dtype, affine, flags, phase",
                             time_col)
                     .c_str());
     s.bind(1, r.id);
     while (s.step()) {
       const std::string op = s.column_text(0);
-      if (!tunable(op)) continue;
-      const auto key = layer_norm_key(s.column_text(1), s.column_text(2), s.column_int(4) != 0);
+      const families::Family* family = families::find(op);
+      if (!family) continue;
+      const families::RecordedShape shape{.shape = s.column_text(1), .normalized = s.column_text(2),
+                                          .dtype = s.column_text(3), .flags = s.column_text(5),
+                                          .affine = s.column_int(4) != 0};
+      const auto key = family->key_of(shape);
       if (!key) continue;
-      const std::string dtype = s.column_text(3), phase = s.column_text(5);
-      ProfiledKey& k = keys[{key->text(), dtype}];
+      const std::string phase = s.column_text(6);
+      const Id id{op, *key, shape.dtype};
+      ProfiledKey& k = keys[id];
       k.op = op;
-      k.key = key->text();
-      k.dtype = dtype;
-      shapes[{k.key, dtype}].insert(s.column_text(1));
-      const int64_t calls = s.column_int(6);
+      k.key = *key;
+      k.dtype = shape.dtype;
+      shapes[id].insert(shape.shape);
+      const int64_t calls = s.column_int(7);
       (phase == "bwd" ? k.bwd_calls : k.fwd_calls) += calls;
-      if (phase != "bwd") all_fwd_calls += calls;
-      k.time_us += s.column_double(7);
+      if (phase != "bwd") fwd_calls_of_op[op] += calls;
+      k.time_us += s.column_double(8);
     }
   }
   for (auto& [id, k] : keys) {
@@ -119,7 +127,8 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     const double per = step_rows > 0 ? static_cast<double>(step_rows) : 1.0;
     k.fwd_calls_per_step = k.fwd_calls / per;
     k.bwd_calls_per_step = k.bwd_calls / per;
-    k.run_pct = all_fwd_calls > 0 ? 100.0 * k.fwd_calls / all_fwd_calls : 0.0;
+    const int64_t op_fwd_calls = fwd_calls_of_op[k.op];
+    k.run_pct = op_fwd_calls > 0 ? 100.0 * k.fwd_calls / op_fwd_calls : 0.0;
     const double basis_total_ms = r.on_gpu_busy() ? busy_total_ms : wall_total_ms;  // the basis of basis_ms()
     k.share_pct = basis_total_ms > 0 ? 100.0 * k.time_us / 1e3 / basis_total_ms : 0.0;
     r.keys.push_back(k);
@@ -253,11 +262,15 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
     int tuned = 0;
     for (const auto& k : run.keys) {
       bool any = false;
-      for (const char* pass : {"fwd", "bwd"}) {
-        const double cps = std::string(pass) == "fwd" ? k.fwd_calls_per_step : k.bwd_calls_per_step;
-        if ((std::string(pass) == "fwd" ? k.fwd_calls : k.bwd_calls) == 0) continue;
+      const families::Family* family = families::find(k.op);
+      if (!family) continue;
+      for (const std::string_view pass_name : family->passes) {
+        const std::string pass(pass_name);
+        const bool backward = pass == "bwd";
+        const double cps = backward ? k.bwd_calls_per_step : k.fwd_calls_per_step;
+        if ((backward ? k.bwd_calls : k.fwd_calls) == 0) continue;
         s.reset();
-        s.bind(1, id).bind(2, k.op).bind(3, k.key).bind(4, k.dtype).bind(5, std::string(pass));
+        s.bind(1, id).bind(2, k.op).bind(3, k.key).bind(4, k.dtype).bind(5, pass);
         if (!s.step()) continue;
         any = true;
         const double torch_us = s.column_is_null(1) ? 0.0 : s.column_double(1);

@@ -13,19 +13,16 @@
 
 namespace hfnn::tuner {
 
-// The ops the tuner knows; the profile records more (mha, lstm) that have no variants yet.
-inline constexpr const char* kTunableOps[] = {"layer_norm"};
-
 // One tuning key of a profile run, with what the run saw of it (over every rank).
 struct ProfiledKey {
-  std::string op;     // "layer_norm"
-  std::string key;    // LayerNormKey::text()
+  std::string op;     // the family's op, "layer_norm" (kernels/common/family.h)
+  std::string key;    // the family's key_of()
   std::string dtype;
   std::vector<std::string> shapes;  // the recorded input shapes that map onto it
   int64_t fwd_calls = 0, bwd_calls = 0;
   double fwd_calls_per_step = 0, bwd_calls_per_step = 0;  // per rank
   double time_us = 0;   // forward + backward, CUDA total (CPU total in a CPU-only profile), all ranks
-  double run_pct = 0;   // of the op's forward calls in the run (the seeds' Run%)
+  double run_pct = 0;   // of the op's forward calls in the run (the seeds' Run%), per op
   double share_pct = 0; // of the run's step time
 };
 
@@ -45,7 +42,7 @@ struct ProfiledRun {
   bool on_gpu_busy() const { return gpu_busy_ms > 0; }
   double basis_ms() const { return on_gpu_busy() ? gpu_busy_ms : step_ms; }
   std::vector<ProfiledKey> keys;  // by share, largest first
-  // Shapes of recorded ops that hfnn cannot tune yet: op -> number of distinct shapes.
+  // Shapes of recorded ops that no family tunes yet: op -> number of distinct shapes.
   std::vector<std::pair<std::string, int64_t>> untunable;
 };
 

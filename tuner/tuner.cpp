@@ -3,65 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 
 namespace hfnn::tuner {
-namespace {
-
-// "[1,128,256]" -> {1, 128, 256}; "[]" -> {}; nullopt for anything else.
-std::optional<std::vector<int64_t>> parse_dims(const std::string& text) {
-  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
-  std::vector<int64_t> dims;
-  const char* p = text.data() + 1;
-  const char* end = text.data() + text.size() - 1;
-  while (p < end) {
-    int64_t v = 0;
-    auto [next, ec] = std::from_chars(p, end, v);
-    if (ec != std::errc() || v < 0) return std::nullopt;
-    dims.push_back(v);
-    p = next;
-    if (p < end) {
-      if (*p != ',') return std::nullopt;
-      ++p;
-    }
-  }
-  return dims;
-}
-
-}  // namespace
-
-std::string LayerNormKey::text() const { return fmt::format("rows={},D={},affine={}", rows, cols, affine ? 1 : 0); }
-
-std::optional<LayerNormKey> layer_norm_key(const std::string& shape, const std::string& normalized, bool affine) {
-  const auto dims = parse_dims(shape);
-  const auto norm = parse_dims(normalized);
-  if (!dims || !norm || norm->empty() || norm->size() > dims->size()) return std::nullopt;
-  if (!std::equal(norm->rbegin(), norm->rend(), dims->rbegin())) return std::nullopt;
-  LayerNormKey key;
-  key.affine = affine;
-  key.rows = 1;
-  key.cols = 1;
-  for (size_t i = 0; i < dims->size() - norm->size(); ++i) key.rows *= (*dims)[i];
-  for (int64_t d : *norm) key.cols *= d;
-  return key;
-}
-
-std::optional<LayerNormKey> parse_layer_norm_key(const std::string& text) {
-  LayerNormKey key;
-  int affine = -1;
-  long long rows = 0, cols = 0;
-  char tail = 0;
-  if (std::sscanf(text.c_str(), "rows=%lld,D=%lld,affine=%d%c", &rows, &cols, &affine, &tail) != 3) return std::nullopt;
-  if (rows < 0 || cols < 1 || (affine != 0 && affine != 1)) return std::nullopt;
-  key.rows = rows;
-  key.cols = cols;
-  key.affine = affine == 1;
-  if (key.text() != text) return std::nullopt;
-  return key;
-}
 
 Timing summarize(std::vector<double> samples_us) {
   Timing t;
@@ -80,23 +25,14 @@ Timing summarize(std::vector<double> samples_us) {
   return t;
 }
 
-double tolerance(const std::string& dtype) {
-  // Outputs are rounded to the dtype: half an ulp at the largest magnitude is 2^-24 (float32),
-  // 2^-11 (float16), 2^-8 (bfloat16) relative; allow a few ulp (float32 also sums up to millions
-  // of rows into dgamma and dbeta in float32).
-  if (dtype == "float16") return 4e-3;
-  if (dtype == "bfloat16") return 3e-2;
-  return 1e-4;
-}
-
-Verdict gate(double max_error, double torch_error, const std::string& dtype) {
+Verdict gate(double max_error, double torch_error, double tolerance) {
   if (!std::isfinite(max_error)) return {false, "output not finite or not compared"};
-  const double allowed = std::max(tolerance(dtype), std::isfinite(torch_error) ? 2.0 * torch_error : 0.0);
+  const double allowed = std::max(tolerance, std::isfinite(torch_error) ? 2.0 * torch_error : 0.0);
   if (max_error <= allowed) return {true, ""};
   return {false, fmt::format("error {:.2e} over the allowed {:.2e}", max_error, allowed)};
 }
 
-Choice judge(std::vector<Candidate>& candidates, const std::string& dtype, double min_margin) {
+Choice judge(std::vector<Candidate>& candidates, double tolerance, double min_margin) {
   double torch_error = std::numeric_limits<double>::quiet_NaN();
   const Candidate* torch = nullptr;
   for (const auto& c : candidates)
@@ -107,7 +43,7 @@ Choice judge(std::vector<Candidate>& candidates, const std::string& dtype, doubl
   for (auto& c : candidates) {
     if (!c.ran) c.verdict = {false, c.error.empty() ? "did not run" : c.error};
     else if (c.timing.samples == 0) c.verdict = {false, "not timed"};
-    else c.verdict = c.name == kTorch ? Verdict{true, ""} : gate(c.max_error, torch_error, dtype);
+    else c.verdict = c.name == kTorch ? Verdict{true, ""} : gate(c.max_error, torch_error, tolerance);
   }
   Choice choice;
   if (torch && torch->timing.samples > 0) {

@@ -1,6 +1,5 @@
 // What `hfnn tune` decides, torch-free and GPU-free so every rule is tested on the CPU: the
-// canonical tuning key of a recorded shape, the statistics of a candidate's timings, the float64
-// correctness gate, the winner (torch unless a variant is faster by more than the noise), and the
+// statistics of a candidate's timings, the float64 correctness gate, the winner (torch unless a variant is faster by more than the noise), and the
 // projected end-to-end gain. The measuring itself runs in the tune worker (python/hfnn/_tune_worker.py)
 // on the GPU; this file judges what it measured.
 #pragma once
@@ -14,20 +13,6 @@ namespace hfnn::tuner {
 // The candidate that is torch's own kernel; every other candidate is an hfnn variant name.
 inline constexpr const char* kTorch = "torch";
 
-// LayerNorm's tuning key: shapes that are the same problem ([8,128,256] and [1024,256] over the
-// last 256) share one. Text form: "rows=1024,D=256,affine=1" (dtype is stored beside it).
-struct LayerNormKey {
-  int64_t rows = 0;
-  int64_t cols = 0;
-  bool affine = true;
-  std::string text() const;
-};
-// From a recorded shape ("[1,128,256,256]") and normalized shape ("[256]"); nullopt when the
-// normalized shape is not a suffix of the shape or either does not parse.
-std::optional<LayerNormKey> layer_norm_key(const std::string& shape, const std::string& normalized, bool affine);
-// The inverse of LayerNormKey::text(); nullopt for anything else.
-std::optional<LayerNormKey> parse_layer_norm_key(const std::string& text);
-
 struct Timing {
   double median_us = 0, p20_us = 0, p80_us = 0;
   int samples = 0;
@@ -37,18 +22,15 @@ struct Timing {
 // Median and 20th/80th percentiles (linear interpolation). Empty input gives samples == 0.
 Timing summarize(std::vector<double> samples_us);
 
-// Largest error allowed against the float64 reference, as max|out - ref| / max|ref| over each
-// output (y; dx, dgamma, dbeta): a few units in the last place of the dtype at the output's scale.
-double tolerance(const std::string& dtype);
-
 struct Verdict {
   bool accepted = false;
   std::string reason;  // why not, in a few words; empty when accepted
 };
-// A candidate passes when its error is within tolerance(dtype), or within twice torch's own error
-// on the same inputs (torch is the baseline users already accept). A missing error (NaN, not
-// measured) or a failed run never passes.
-Verdict gate(double max_error, double torch_error, const std::string& dtype);
+// A candidate passes when its error (max|out - ref| / max|ref| over each output, against float64) is
+// within `tolerance` (the family's, for the dtype), or within twice torch's own error on the same
+// inputs (torch is the baseline users already accept). A missing error (NaN, not measured) or a
+// failed run never passes.
+Verdict gate(double max_error, double torch_error, double tolerance);
 
 struct Candidate {
   std::string name;  // kTorch or a variant name
@@ -68,7 +50,7 @@ struct Choice {
 // Gates every candidate (fills verdict), then picks the fastest accepted variant if its median is
 // below torch's by more than the noise: max(min_margin, torch's spread, the variant's spread).
 // Without a torch timing the fastest accepted variant wins. Rejected candidates never win.
-Choice judge(std::vector<Candidate>& candidates, const std::string& dtype, double min_margin = 0.03);
+Choice judge(std::vector<Candidate>& candidates, double tolerance, double min_margin = 0.03);
 
 // One tunable problem as the profile saw it and the tuner judged it, for the projection.
 struct KeySaving {

@@ -1,4 +1,5 @@
-// hfnn tune's rules (tuner/tuner.h) on the CPU: keys, statistics, the float64 gate with a planted
+// hfnn tune's rules (tuner/tuner.h) and the family registry (kernels/common/family.h) on the CPU:
+// keys, statistics, the float64 gate with a planted
 // wrong LayerNorm, winner selection under noise, and the projection.
 #include <gtest/gtest.h>
 
@@ -7,28 +8,72 @@
 #include <random>
 #include <vector>
 
+#include "kernels/common/family.h"
 #include "kernels/layer_norm/layer_norm.h"
+#include "kernels/layer_norm/layer_norm_family.h"
 #include "tuner/tuner.h"
 
 namespace hfnn::tuner {
 namespace {
 
+// LayerNorm's float64-gate tolerance for a dtype (the family's).
+double tol(const std::string& dtype) { return kernels::layer_norm::kFamily.tolerance(dtype); }
+
 TEST(TunerKey, ShapesOfTheSameProblemShareAKey) {
-  auto a = layer_norm_key("[1,128,256,256]", "[256]", true);
-  auto b = layer_norm_key("[32768,256]", "[256]", true);
+  using kernels::layer_norm::key_of;
+  using kernels::layer_norm::parse_key;
+  auto a = key_of("[1,128,256,256]", "[256]", true);
+  auto b = key_of("[32768,256]", "[256]", true);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(a->text(), "rows=32768,D=256,affine=1");
   EXPECT_EQ(a->text(), b->text());
-  EXPECT_EQ(layer_norm_key("[4,6,8]", "[6,8]", false)->text(), "rows=4,D=48,affine=0");
-  EXPECT_FALSE(layer_norm_key("[4,6,8]", "[6]", true));  // not a suffix
-  EXPECT_FALSE(layer_norm_key("[4,x]", "[8]", true));
-  EXPECT_FALSE(layer_norm_key("[8]", "[]", true));
-  auto back = parse_layer_norm_key("rows=32768,D=256,affine=1");
+  EXPECT_EQ(key_of("[4,6,8]", "[6,8]", false)->text(), "rows=4,D=48,affine=0");
+  EXPECT_FALSE(key_of("[4,6,8]", "[6]", true));  // not a suffix
+  EXPECT_FALSE(key_of("[4,x]", "[8]", true));
+  EXPECT_FALSE(key_of("[8]", "[]", true));
+  auto back = parse_key("rows=32768,D=256,affine=1");
   ASSERT_TRUE(back);
   EXPECT_EQ(back->rows, 32768);
   EXPECT_EQ(back->cols, 256);
-  EXPECT_FALSE(parse_layer_norm_key("rows=1,D=2,affine=1x"));
-  EXPECT_FALSE(parse_layer_norm_key("rows=1,D=0,affine=1"));
+  EXPECT_FALSE(parse_key("rows=1,D=2,affine=1x"));
+  EXPECT_FALSE(parse_key("rows=1,D=0,affine=1"));
+}
+
+TEST(Families, TheRegistryFindsLayerNormAndOnlyRecordedOpsWithKernels) {
+  const families::Family* f = families::find("layer_norm");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f, &kernels::layer_norm::kFamily);
+  EXPECT_EQ(families::find("multihead_attention"), nullptr);  // recorded, no kernels yet
+  EXPECT_EQ(families::find("lstm"), nullptr);
+  EXPECT_EQ(families::all().size(), 1u);
+  EXPECT_EQ(families::op_names(), "layer_norm");
+  ASSERT_EQ(f->passes.size(), 2u);
+  EXPECT_EQ(f->passes[0], "fwd");
+  EXPECT_EQ(f->passes[1], "bwd");
+  families::RecordedShape s{.shape = "[8,128,256]", .normalized = "[256]", .dtype = "bfloat16", .flags = "", .affine = false};
+  EXPECT_EQ(f->key_of(s).value_or(""), "rows=1024,D=256,affine=0");
+  s.normalized = "[128]";
+  EXPECT_FALSE(f->key_of(s));
+  EXPECT_EQ(f->key_label("rows=1024,D=256,affine=1"), "1024 x 256");
+  EXPECT_EQ(f->key_label("rows=1024,D=256,affine=0"), "1024 x 256 no-affine");
+  EXPECT_EQ(f->key_label("not a key"), "not a key");
+  EXPECT_LT(f->tolerance("float32"), f->tolerance("float16"));
+  EXPECT_LT(f->tolerance("float16"), f->tolerance("bfloat16"));
+#if HFNN_WITH_CUDA
+  const auto fwd = f->variants("fwd");
+  EXPECT_NE(std::find(fwd.begin(), fwd.end(), "fwd_regs_tpr32"), fwd.end());
+  const auto bwd = f->variants("bwd");
+  EXPECT_NE(std::find(bwd.begin(), bwd.end(), "bwd_block"), bwd.end());
+#endif
+  EXPECT_TRUE(f->variants("neither").empty());
+}
+
+TEST(Families, DimsParse) {
+  EXPECT_EQ(families::parse_dims("[1,128,256]"), (std::vector<int64_t>{1, 128, 256}));
+  EXPECT_EQ(families::parse_dims("[]"), std::vector<int64_t>{});
+  EXPECT_FALSE(families::parse_dims("[1,-2]"));
+  EXPECT_FALSE(families::parse_dims("1,2"));
+  EXPECT_FALSE(families::parse_dims("[1,,2]"));
 }
 
 TEST(TunerStats, MedianAndQuantiles) {
@@ -79,15 +124,15 @@ double forward_error(bool planted_bug) {
 
 TEST(TunerGate, PassesAFloat32KernelAndRejectsAPlantedWrongOne) {
   const double good = forward_error(false), bad = forward_error(true);
-  EXPECT_TRUE(gate(good, good, "float32").accepted) << good;
-  const Verdict v = gate(bad, good, "float32");
+  EXPECT_TRUE(gate(good, good, tol("float32")).accepted) << good;
+  const Verdict v = gate(bad, good, tol("float32"));
   EXPECT_FALSE(v.accepted) << bad;
   EXPECT_NE(v.reason.find("over the allowed"), std::string::npos);
-  EXPECT_FALSE(gate(NAN, good, "float32").accepted);
-  EXPECT_FALSE(gate(INFINITY, good, "bfloat16").accepted);
+  EXPECT_FALSE(gate(NAN, good, tol("float32")).accepted);
+  EXPECT_FALSE(gate(INFINITY, good, tol("bfloat16")).accepted);
   // Within twice torch's own error passes even over the dtype's tolerance (torch is the baseline).
-  EXPECT_TRUE(gate(0.05, 0.03, "bfloat16").accepted);
-  EXPECT_FALSE(gate(0.07, 0.03, "bfloat16").accepted);
+  EXPECT_TRUE(gate(0.05, 0.03, tol("bfloat16")).accepted);
+  EXPECT_FALSE(gate(0.07, 0.03, tol("bfloat16")).accepted);
 }
 
 Candidate timed(const std::string& name, std::vector<double> samples, double err) {
@@ -102,7 +147,7 @@ TEST(TunerJudge, TheFastestCorrectVariantWinsAndAWrongOneNever) {
   std::vector<Candidate> cs = {timed("torch", {100, 101, 99, 100, 102}, 1e-7),
                                timed("fast_but_wrong", {10, 10, 10, 10, 10}, 0.2),
                                timed("good", {50, 51, 49, 50, 50}, 2e-7), timed("slower", {70, 70, 71, 69, 70}, 1e-7)};
-  const Choice c = judge(cs, "float32");
+  const Choice c = judge(cs, tol("float32"));
   EXPECT_EQ(c.winner, "good");
   EXPECT_DOUBLE_EQ(c.torch_us, 100);
   EXPECT_DOUBLE_EQ(c.best_us, 50);
@@ -112,11 +157,11 @@ TEST(TunerJudge, TheFastestCorrectVariantWinsAndAWrongOneNever) {
 
 TEST(TunerJudge, TorchStaysWhenTheGainIsWithinTheNoise) {
   std::vector<Candidate> quiet = {timed("torch", {100, 100, 100, 100, 100}, 0), timed("v", {98, 98, 98, 98, 98}, 0)};
-  EXPECT_EQ(judge(quiet, "float32").winner, "torch");  // 2% < the 3% floor
+  EXPECT_EQ(judge(quiet, tol("float32")).winner, "torch");  // 2% < the 3% floor
   std::vector<Candidate> noisy = {timed("torch", {80, 90, 100, 110, 120}, 0), timed("v", {90, 90, 90, 90, 90}, 0)};
-  EXPECT_EQ(judge(noisy, "float32").winner, "torch");  // 10% < torch's spread
+  EXPECT_EQ(judge(noisy, tol("float32")).winner, "torch");  // 10% < torch's spread
   std::vector<Candidate> clear = {timed("torch", {100, 100, 100, 100, 100}, 0), timed("v", {90, 90, 90, 90, 90}, 0)};
-  EXPECT_EQ(judge(clear, "float32").winner, "v");
+  EXPECT_EQ(judge(clear, tol("float32")).winner, "v");
 }
 
 TEST(TunerJudge, FailedCandidatesAreRejectedWithTheirReason) {
@@ -126,7 +171,7 @@ TEST(TunerJudge, FailedCandidatesAreRejectedWithTheirReason) {
   broken.ran = false;
   broken.error = "invalid configuration argument";
   cs.push_back(broken);
-  EXPECT_EQ(judge(cs, "float32").winner, "torch");
+  EXPECT_EQ(judge(cs, tol("float32")).winner, "torch");
   EXPECT_FALSE(cs[1].verdict.accepted);
   EXPECT_EQ(cs[1].verdict.reason, "invalid configuration argument");
 }

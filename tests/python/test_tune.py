@@ -100,8 +100,17 @@ def test_bad_databases_are_refused_untouched(tmp_path):
         con.execute("CREATE TABLE t(x)")
     before = digest(other)
     assert tune(other).returncode == 2 and digest(other) == before
-    bad_run = tune(tmp_path / "nope.db", "--ops", "mha")
-    assert bad_run.returncode == 2 and "no kernel variants for mha" in bad_run.stderr
+    bad_run = tune(tmp_path / "nope.db", "--ops", "multihead_attention")
+    assert bad_run.returncode == 2 and "no kernel variants for multihead_attention" in bad_run.stderr
+    assert "(tunable: layer_norm)" in bad_run.stderr
+
+
+def test_ops_names_the_families_to_tune(db):
+    """--ops takes the op names the profile records and tunes only their keys."""
+    out = tune(db, "--dry-run", "--ops", "layer_norm", fake=False)
+    assert out.returncode == 0, out.stderr
+    assert "2 LayerNorm key(s)" in out.stdout and "LayerNorm 16 x 64 (rows x D)" in out.stdout
+    assert "Would tune 2 key(s)" in out.stdout
 
 
 def test_winners_results_and_the_planted_wrong_variant(db):

@@ -1,0 +1,49 @@
+#include "kernels/common/family.h"
+
+#include <array>
+#include <charconv>
+
+#include "kernels/layer_norm/layer_norm_family.h"
+
+namespace hfnn::families {
+namespace {
+
+// The families, one line each.
+constexpr std::array<const Family*, 1> kAll = {&kernels::layer_norm::kFamily};
+
+}  // namespace
+
+std::span<const Family* const> all() { return kAll; }
+
+const Family* find(std::string_view op) {
+  for (const Family* f : kAll)
+    if (f->op == op) return f;
+  return nullptr;
+}
+
+std::string op_names() {
+  std::string out;
+  for (const Family* f : kAll) out += (out.empty() ? "" : ", ") + std::string(f->op);
+  return out;
+}
+
+std::optional<std::vector<int64_t>> parse_dims(std::string_view text) {
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
+  std::vector<int64_t> dims;
+  const char* p = text.data() + 1;
+  const char* end = text.data() + text.size() - 1;
+  while (p < end) {
+    int64_t v = 0;
+    auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || v < 0) return std::nullopt;
+    dims.push_back(v);
+    p = next;
+    if (p < end) {
+      if (*p != ',') return std::nullopt;
+      ++p;
+    }
+  }
+  return dims;
+}
+
+}  // namespace hfnn::families
