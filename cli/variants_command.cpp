@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "hfnn/version.h"
-#include "kernels/layer_norm/layer_norm.h"
+#include "kernels/common/family.h"
 
 namespace hfnn::cli {
 namespace {
@@ -17,11 +17,9 @@ struct Row {
 
 std::vector<Row> variant_rows() {
   std::vector<Row> rows;
-#if HFNN_WITH_CUDA
-  namespace ln = hfnn::kernels::layer_norm;
-  for (const auto& v : ln::fwd_variants()) rows.push_back({"layer_norm", "fwd", std::string(v.name), std::string(v.idea)});
-  for (const auto& v : ln::bwd_variants()) rows.push_back({"layer_norm", "bwd", std::string(v.name), std::string(v.idea)});
-#endif
+  for (const families::Family* f : families::all())
+    for (const std::string_view pass : f->passes)
+      for (const auto& v : f->variants(pass)) rows.push_back({std::string(f->op), std::string(pass), v.name, v.idea});
   return rows;
 }
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "hfnn/version.h"
-#include "kernels/layer_norm/layer_norm.h"
+#include "kernels/common/family.h"
 
 namespace hfnn {
 namespace {
@@ -14,17 +14,26 @@ namespace {
 std::string build_info() {
   nlohmann::json info;
   info["version"] = HFNN_VERSION;
-  nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
 #if HFNN_WITH_CUDA && HFNN_TORCH_CUDA
-  info["cuda_kernels"] = true;
+  constexpr bool kKernels = true;
   info["cuda_architectures"] = HFNN_CUDA_ARCHITECTURES;
-  for (const auto& v : kernels::layer_norm::fwd_variants()) fwd.push_back(std::string(v.name));
-  for (const auto& v : kernels::layer_norm::bwd_variants()) bwd.push_back(std::string(v.name));
 #else
-  info["cuda_kernels"] = false;
+  constexpr bool kKernels = false;
   info["cuda_architectures"] = "";
 #endif
-  info["variants"] = {{"layer_norm", {{"fwd", fwd}, {"bwd", bwd}}}};
+  info["cuda_kernels"] = kKernels;
+  // {op: {pass: [variant names]}} for every family, empty lists where the kernels are not built.
+  info["variants"] = nlohmann::json::object();
+  for (const families::Family* f : families::all()) {
+    nlohmann::json passes = nlohmann::json::object();
+    for (const std::string_view pass : f->passes) {
+      nlohmann::json names = nlohmann::json::array();
+      if (kKernels)
+        for (const auto& v : f->variants(pass)) names.push_back(v.name);
+      passes[std::string(pass)] = names;
+    }
+    info["variants"][std::string(f->op)] = passes;
+  }
   return info.dump();
 }
 

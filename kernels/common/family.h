@@ -22,6 +22,12 @@ struct RecordedShape {
   bool affine = true;
 };
 
+// A kernel variant of a pass: its stable name (the database stores it) and the idea behind it.
+struct VariantInfo {
+  std::string name;
+  std::string idea;
+};
+
 struct Family {
   std::string_view op;          // as the profiler records it: "layer_norm"
   std::string_view title;       // for people: "LayerNorm"
@@ -35,8 +41,8 @@ struct Family {
   // The largest error against the float64 reference a candidate may have, as max|out - ref| /
   // max|ref| over each output of a pass, for outputs of this dtype.
   double (*tolerance)(const std::string& dtype);
-  // The variant names of a pass, in registry order (none in a build without CUDA kernels).
-  std::vector<std::string> (*variants)(std::string_view pass);
+  // The variants of a pass, in registry order (none in a build without CUDA kernels).
+  std::vector<VariantInfo> (*variants)(std::string_view pass);
 };
 
 // Every family hfnn tunes, in the order reports list them.

@@ -68,13 +68,13 @@ double tolerance(const std::string& dtype) {
   return 1e-4;
 }
 
-std::vector<std::string> variants([[maybe_unused]] std::string_view pass) {
-  std::vector<std::string> out;
+std::vector<families::VariantInfo> variants([[maybe_unused]] std::string_view pass) {
+  std::vector<families::VariantInfo> out;
 #if HFNN_WITH_CUDA
   if (pass == "fwd")
-    for (const auto& v : fwd_variants()) out.emplace_back(v.name);
+    for (const auto& v : fwd_variants()) out.push_back({std::string(v.name), std::string(v.idea)});
   if (pass == "bwd")
-    for (const auto& v : bwd_variants()) out.emplace_back(v.name);
+    for (const auto& v : bwd_variants()) out.push_back({std::string(v.name), std::string(v.idea)});
 #endif
   return out;
 }
