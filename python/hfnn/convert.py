@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import nn as hfnn_nn
+from . import _families
 
-# torch class -> hfnn class. MultiheadAttention and LSTM join when their kernels land.
-_SWAPS: dict[type, type] = {nn.LayerNorm: hfnn_nn.LayerNorm}
+# torch class -> hfnn class, every family's (hfnn/_families/).
+_SWAPS: dict[type, type] = {k: v for f in _families.ALL for k, v in f.swaps().items()}
 _BACK: dict[type, type] = {v: k for k, v in _SWAPS.items()}
 
 

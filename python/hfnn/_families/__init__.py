@@ -1,0 +1,16 @@
+"""The kernel families on the Python side, one module each (the C++ side's list is
+kernels/common/family.cpp): OP, the op name the profile records; measure(torch, hfnn, request,
+l2_bytes, plant), the tune worker's answer to one key; swaps(), the module classes to_hfnn swaps."""
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import layer_norm
+
+# The families, one line each.
+ALL: tuple[ModuleType, ...] = (layer_norm,)
+
+
+def find(op: str) -> ModuleType | None:
+    """The family module of a recorded op; None where hfnn has no kernels for it."""
+    return next((f for f in ALL if f.OP == op), None)
