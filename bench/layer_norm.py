@@ -50,7 +50,7 @@ def bench_all(args):
     import torch
 
     import hfnn
-    from hfnn._tune_worker import graph_samples  # hfnn tune's timing: the benchmark measures alike
+    from hfnn._measure import graph_samples  # hfnn tune's timing: the benchmark measures alike
 
     assert torch.cuda.is_available(), "bench/layer_norm.py needs a CUDA device"
     info = hfnn.build_info()

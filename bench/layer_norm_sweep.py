@@ -152,7 +152,7 @@ def measure(args):
     import torch
 
     import hfnn
-    from hfnn._tune_worker import graph_samples
+    from hfnn._measure import graph_samples
 
     if not torch.cuda.is_available():
         sys.exit("bench/layer_norm_sweep.py: no CUDA device: the sweep measures on a GPU")
