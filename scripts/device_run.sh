@@ -22,6 +22,7 @@
 #   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
+#   mha       bench/mha.py: nn.MultiheadAttention against hfnn's op with each attention core
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
 #             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
@@ -197,6 +198,10 @@ if want ncu; then
     echo "== $case"; grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|No Eligible|Active Warps Per Scheduler|Eligible Warps" \
       "$OUT/ncu-$variant-$dtype-$shape.log" | head -40
   done
+fi
+if want mha; then
+  timeout ${MHA_TIMEOUT:-560} python3 bench/mha.py --out "$OUT/mha-$gpu.json" ${MHA_ARGS:-} 2>&1 | tee "$OUT/mha.log" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)

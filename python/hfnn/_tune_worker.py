@@ -76,8 +76,8 @@ def main() -> int:
         req = json.loads(line)
         try:
             family = _families.find(req.get("op"))
-            if family is None:
-                raise ValueError(f"no hfnn variants for {req.get('op')} yet")
+            if family is None or not hasattr(family, "measure"):
+                raise ValueError(f"no hfnn variants to tune for {req.get('op')} yet")
             emit(family.measure(torch, hfnn, req, info["l2_bytes"], plant))
         except Exception as e:
             emit({"key": req.get("key"), "dtype": req.get("dtype"), "op": req.get("op"), "error": first_line(e)})

@@ -1,6 +1,8 @@
 """Drop-in modules backed by hfnn's kernels."""
 from __future__ import annotations
 
+import collections
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,3 +33,57 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+# Why a MultiheadAttention call ran torch's module path rather than hfnn's op, counted per reason
+# (hfnn.dispatch_stats() reports them).
+attention_calls: "collections.Counter[str]" = collections.Counter()
+attention_fallbacks: "collections.Counter[str]" = collections.Counter()
+
+
+def _attention_fallback_reason(m: nn.MultiheadAttention, query, key, value, key_padding_mask, need_weights,
+                               attn_mask, is_causal) -> str | None:
+    """None where hfnn's op computes what torch's module would; else why not, in a few words."""
+    if not _ops.available:
+        return "op library not loaded"
+    if need_weights:
+        return "need_weights=True"
+    if key_padding_mask is not None:
+        return "key_padding_mask"
+    # Torch's module drops attn_mask for the is_causal hint when there is no padding mask and no
+    # weights are returned (F.multi_head_attention_forward); anything else is a mask hfnn does not take.
+    if attn_mask is not None and not is_causal:
+        return "attn_mask"
+    if m.bias_k is not None or m.add_zero_attn:
+        return "add_bias_kv/add_zero_attn"
+    if not m._qkv_same_embed_dim:
+        return "kdim/vdim"
+    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+        return "unbatched input"
+    if query.is_nested or key.is_nested or value.is_nested:
+        return "nested tensor"
+    return None
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """torch.nn.MultiheadAttention through one hfnn op a call: the same constructor, parameters and
+    state_dict keys (a subclass: checkpoints move freely, to_hfnn / to_torch switch classes in place).
+
+    What the op takes (batched self- or cross-attention, need_weights=False, no masks but the causal
+    hint, no add_bias_kv / add_zero_attn, no kdim / vdim) runs hfnn.multi_head_attention: the input
+    projection read in place as Q, K and V, torch's SDPA core, no Python in between. Anything else
+    runs torch's module path, counted with its reason in hfnn.dispatch_stats().
+    """
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        why = _attention_fallback_reason(self, query, key, value, key_padding_mask, need_weights, attn_mask, is_causal)
+        if why is None:
+            attention_calls["hfnn"] += 1
+            out = torch.ops.hfnn.multi_head_attention(
+                query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight,
+                self.out_proj.bias, self.batch_first, bool(is_causal), self.dropout if self.training else 0.0, "")
+            return out, None
+        attention_fallbacks[why] += 1
+        return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                               attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)

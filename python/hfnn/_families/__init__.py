@@ -1,14 +1,15 @@
 """The kernel families on the Python side, one module each (the C++ side's list is
 kernels/common/family.cpp): OP, the op name the profile records; measure(torch, hfnn, request,
-l2_bytes, plant), the tune worker's answer to one key; swaps(), the module classes to_hfnn swaps."""
+l2_bytes, plant), the tune worker's answer to one key (a family without it is not tunable yet);
+swaps(), the module classes to_hfnn swaps."""
 from __future__ import annotations
 
 from types import ModuleType
 
-from . import layer_norm
+from . import layer_norm, multihead_attention
 
 # The families, one line each.
-ALL: tuple[ModuleType, ...] = (layer_norm,)
+ALL: tuple[ModuleType, ...] = (layer_norm, multihead_attention)
 
 
 def find(op: str) -> ModuleType | None:

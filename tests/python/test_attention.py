@@ -1,0 +1,253 @@
+"""hfnn.nn.MultiheadAttention and the hfnn::multi_head_attention op against torch's module.
+
+On the CPU (CI): in float64 through torch's math core, outputs and every gradient equal torch's
+module to rounding for self-, encoder-decoder (key is value) and cross-attention, batch_first both
+ways, with and without bias, the causal hint; every case the op does not take runs torch's path and
+counts its reason. On the GPU: every core (torch's pick, flash, efficient, cuDNN, math) that says it
+takes an input, over head sizes, lengths and batch shapes, fp32/bf16/fp16, against float64.
+"""
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import hfnn
+from conftest import requires_gpu
+
+CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math"]
+
+
+def pair(embed, heads, batch_first, bias=True, dtype=torch.float64, device="cpu", dropout=0.0):
+    torch.manual_seed(embed * 31 + heads)
+    ref = nn.MultiheadAttention(embed, heads, batch_first=batch_first, bias=bias, dtype=dtype, device=device,
+                                dropout=dropout)
+    ours = hfnn.nn.MultiheadAttention(embed, heads, batch_first=batch_first, bias=bias, dtype=dtype, device=device,
+                                      dropout=dropout)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def inputs(mode, batch, length, kv_length, embed, batch_first, dtype=torch.float64, device="cpu"):
+    def t(n):
+        shape = (batch, n, embed) if batch_first else (n, batch, embed)
+        return torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+
+    q = t(length)
+    if mode == "self":
+        return q, q, q
+    if mode == "kv":  # encoder-decoder: key is value
+        kv = t(kv_length)
+        return q, kv, kv
+    return q, t(kv_length), t(kv_length)
+
+
+def run(module, q, k, v, grad, **kw):
+    out, weights = module(q, k, v, **kw)
+    leaves = list(dict.fromkeys([q, k, v])) + list(module.parameters())
+    grads = torch.autograd.grad(out, leaves, grad)
+    return out, weights, grads
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("mode,batch_first,bias,causal", list(itertools.product(
+    ["self", "kv", "cross"], [True, False], [True, False], [False, True])))
+def test_cpu_float64_matches_torch_module(mode, batch_first, bias, causal):
+    embed, heads, batch, length = 24, 3, 2, 5
+    kv_length = length if causal else 7
+    ref, ours = pair(embed, heads, batch_first, bias)
+    q, k, v = inputs(mode, batch, length, kv_length, embed, batch_first)
+    mask = nn.Transformer.generate_square_subsequent_mask(length, dtype=torch.float64) if causal else None
+    kw = dict(attn_mask=mask, is_causal=causal, need_weights=False)
+    grad = torch.randn_like(ref(q, k, v, **kw)[0])
+    out_ref, w_ref, grads_ref = run(ref, q, k, v, grad, **kw)
+    before = hfnn.nn.attention_calls["hfnn"]
+    out, w, grads = run(ours, q, k, v, grad, **kw)
+    assert hfnn.nn.attention_calls["hfnn"] == before + 1, "the call did not run hfnn's op"
+    assert w is None and w_ref is None
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    assert len(grads) == len(grads_ref)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("embed,heads,batch,length", [(1, 1, 1, 1), (8, 8, 1, 1), (6, 2, 4, 1), (16, 4, 1, 33), (40, 5, 3, 17)])
+def test_cpu_float64_shapes(embed, heads, batch, length):
+    ref, ours = pair(embed, heads, True)
+    q, k, v = inputs("self", batch, length, length, embed, True)
+    grad = torch.randn(batch, length, embed, dtype=torch.float64)
+    out_ref, _, grads_ref = run(ref, q, k, v, grad, need_weights=False)
+    out, _, grads = run(ours, q, k, v, grad, need_weights=False)
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-11, atol=1e-11)
+
+
+def test_the_op_with_the_math_core_equals_torchs_choice_on_cpu():
+    ref, _ = pair(16, 2, True)
+    q = torch.randn(2, 9, 16, dtype=torch.float64)
+    args = (q, q, q, 2, ref.in_proj_weight, ref.in_proj_bias, ref.out_proj.weight, ref.out_proj.bias, True, False, 0.0)
+    torch.testing.assert_close(torch.ops.hfnn.multi_head_attention(*args, "sdpa_math"),
+                               torch.ops.hfnn.multi_head_attention(*args, ""), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case,why", [
+    ("need_weights", "need_weights=True"),
+    ("key_padding_mask", "key_padding_mask"),
+    ("attn_mask", "attn_mask"),
+    ("add_bias_kv", "add_bias_kv/add_zero_attn"),
+    ("kdim", "kdim/vdim"),
+    ("unbatched", "unbatched input"),
+])
+def test_what_the_op_does_not_take_runs_torch_with_its_reason(case, why):
+    embed, heads = 8, 2
+    kwargs = {"add_bias_kv": True} if case == "add_bias_kv" else {"kdim": 6, "vdim": 6} if case == "kdim" else {}
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(embed, heads, batch_first=True, dtype=torch.float64, **kwargs)
+    ours = hfnn.nn.MultiheadAttention(embed, heads, batch_first=True, dtype=torch.float64, **kwargs)
+    ours.load_state_dict(ref.state_dict())
+    q = torch.randn(2, 5, embed, dtype=torch.float64) if case != "unbatched" else torch.randn(5, embed, dtype=torch.float64)
+    kv = torch.randn(2, 5, 6, dtype=torch.float64) if case == "kdim" else q
+    call = {"need_weights": case == "need_weights"}
+    if case == "key_padding_mask":
+        call["key_padding_mask"] = torch.zeros(2, 5, dtype=torch.bool)
+    if case == "attn_mask":
+        call["attn_mask"] = torch.zeros(5, 5, dtype=torch.bool)
+    before_calls, before = hfnn.nn.attention_calls["hfnn"], hfnn.nn.attention_fallbacks[why]
+    out, weights = ours(q, kv, kv, **call)
+    out_ref, weights_ref = ref(q, kv, kv, **call)
+    assert hfnn.nn.attention_fallbacks[why] == before + 1
+    assert hfnn.nn.attention_calls["hfnn"] == before_calls
+    torch.testing.assert_close(out, out_ref)
+    if weights_ref is not None:
+        torch.testing.assert_close(weights, weights_ref)
+
+
+def test_to_hfnn_swaps_attention_and_back():
+    layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True, dtype=torch.float64)
+    keys = list(layer.state_dict())
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    expected = layer(x)
+    hfnn.to_hfnn(layer)
+    assert type(layer.self_attn) is hfnn.nn.MultiheadAttention
+    before = hfnn.nn.attention_calls["hfnn"]
+    torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
+    assert hfnn.nn.attention_calls["hfnn"] == before + 1, "TransformerEncoderLayer's attention did not run hfnn's op"
+    assert list(layer.state_dict()) == keys
+    hfnn.to_torch(layer)
+    assert type(layer.self_attn) is nn.MultiheadAttention
+
+
+def test_unknown_core_is_a_one_line_error():
+    q = torch.randn(1, 2, 4, dtype=torch.float64)
+    w, wo = torch.randn(12, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"unknown core 'sdpa_fast' \(sdpa_flash, sdpa_efficient"):
+        torch.ops.hfnn.multi_head_attention(q, q, q, 2, w, None, wo, None, True, False, 0.0, "sdpa_fast")
+    with pytest.raises(RuntimeError, match="embed_dim 4 is not divisible by num_heads 3"):
+        torch.ops.hfnn.multi_head_attention(q, q, q, 3, w, None, wo, None, True, False, 0.0, "")
+
+
+def test_supports_on_cpu_says_only_the_portable_cores():
+    q = torch.randn(2, 8, 16)
+    said = {core: torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, core) for core in CORES}
+    assert said == {"": True, "sdpa_flash": False, "sdpa_efficient": False, "sdpa_cudnn": False, "sdpa_math": True}
+    assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 3, True, False, 0.0, "")  # 16 % 3
+    assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, "nope")
+
+
+# ---- GPU: every core, dtype and a dense set of shapes against float64 --------------------------------
+
+# Largest error against float64 (max|out - ref| / max|ref|) per dtype, for outputs and gradients;
+# and never worse than 4x torch's own module in the same dtype on the same inputs.
+TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 4e-2, torch.float16: 8e-3}
+
+HEAD_DIMS = [8, 16, 24, 32, 40, 64, 72, 80, 96, 128, 160, 256]
+LENGTHS = [1, 2, 3, 7, 8, 31, 64, 127, 128, 129, 255, 256, 257, 512]
+
+
+def gpu_case(embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype):
+    ref64, ours = pair(embed, heads, batch_first, dtype=torch.float64, device="cuda")
+    ours = ours.to(dtype)
+    torch_lp = nn.MultiheadAttention(embed, heads, batch_first=batch_first, dtype=dtype, device="cuda")
+    torch_lp.load_state_dict(ours.state_dict())
+    q64, k64, v64 = inputs(mode, batch, length, kv_length, embed, batch_first, device="cuda")
+    grad64 = torch.randn(*q64.shape, dtype=torch.float64, device="cuda")
+    mask = nn.Transformer.generate_square_subsequent_mask(length, device="cuda", dtype=torch.float64) if causal else None
+    kw = dict(attn_mask=mask, is_causal=causal, need_weights=False)
+    out_ref, _, grads_ref = run(ref64, q64, k64, v64, grad64, **kw)
+
+    def low(t):
+        return t.detach().to(dtype).requires_grad_()
+
+    lows = {id(t): low(t) for t in (q64, k64, v64)}
+    q, k, v = lows[id(q64)], lows[id(k64)], lows[id(v64)]
+    kw_lp = dict(kw, attn_mask=mask.to(dtype) if causal else None)
+    _, _, grads_torch = run(torch_lp, q, k, v, grad64.to(dtype), **kw_lp)
+    out_torch = torch_lp(q, k, v, **kw_lp)[0]
+    errs_torch = [rel(out_torch, out_ref)] + [rel(g, r) for g, r in zip(grads_torch, grads_ref)]
+    return ours, (q, k, v), grad64.to(dtype), (out_ref, grads_ref), errs_torch, kw_lp
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_gpu_every_core_over_head_sizes_and_lengths(dtype):
+    ran = {core: 0 for core in CORES}
+    failures = []
+    for head_dim, length in itertools.product(HEAD_DIMS, LENGTHS):
+        heads = 2
+        embed = heads * head_dim
+        mode = "self" if length % 2 else "cross"
+        causal = length % 3 == 0
+        ours, (q, k, v), grad, (out_ref, grads_ref), errs_torch, kw = gpu_case(
+            embed, heads, 2, length, length if causal else max(1, length // 2 + 1), mode, length % 4 != 1, causal, dtype)
+        for core in CORES:
+            if not torch.ops.hfnn.multi_head_attention_supports(q, k, v, heads, ours.batch_first, causal, 0.0, core):
+                continue
+            ran[core] += 1
+            out = torch.ops.hfnn.multi_head_attention(q, k, v, heads, ours.in_proj_weight, ours.in_proj_bias,
+                                                      ours.out_proj.weight, ours.out_proj.bias, ours.batch_first,
+                                                      causal, 0.0, core)
+            leaves = list(dict.fromkeys([q, k, v])) + list(ours.parameters())
+            grads = torch.autograd.grad(out, leaves, grad)
+            errs = [rel(out, out_ref)] + [rel(g, r) for g, r in zip(grads, grads_ref)]
+            for name, e, e_torch in zip(["out"] + [f"grad{i}" for i in range(len(grads))], errs, errs_torch):
+                if e > max(TOLERANCE[dtype], 4 * e_torch):
+                    failures.append(f"{core or 'torch-choice'} head_dim={head_dim} L={length} {name}: {e:.2e} "
+                                    f"(torch {e_torch:.2e})")
+    assert not failures, "\n".join(failures[:30])
+    print(f"{dtype}: cores ran on {ran} of {len(HEAD_DIMS) * len(LENGTHS)} shapes")
+    assert ran[""] == ran["sdpa_math"] == len(HEAD_DIMS) * len(LENGTHS)
+    if dtype != torch.float32:
+        assert ran["sdpa_flash"] > 0 and ran["sdpa_efficient"] > 0
+
+
+@requires_gpu
+@pytest.mark.parametrize("batch,heads,head_dim,length", [(1, 1, 64, 1), (5000, 8, 64, 4), (3, 16, 64, 1024),
+                                                         (257, 12, 64, 33), (7, 3, 32, 200)])
+def test_gpu_batch_shapes_every_core_bf16(batch, heads, head_dim, length):
+    embed = heads * head_dim
+    ours, (q, k, v), grad, (out_ref, grads_ref), errs_torch, kw = gpu_case(
+        embed, heads, batch, length, length, "self", True, False, torch.bfloat16)
+    for core in CORES:
+        if not torch.ops.hfnn.multi_head_attention_supports(q, k, v, heads, True, False, 0.0, core):
+            continue
+        out = torch.ops.hfnn.multi_head_attention(q, k, v, heads, ours.in_proj_weight, ours.in_proj_bias,
+                                                  ours.out_proj.weight, ours.out_proj.bias, True, False, 0.0, core)
+        grads = torch.autograd.grad(out, [q] + list(ours.parameters()), grad)
+        errs = [rel(out, out_ref)] + [rel(g, r) for g, r in zip(grads, grads_ref)]
+        assert max(errs) <= max(TOLERANCE[torch.bfloat16], 4 * max(errs_torch)), (core, errs, errs_torch)
+
+
+@requires_gpu
+def test_gpu_dropout_in_training_runs_and_keeps_the_expected_scale():
+    ours = hfnn.nn.MultiheadAttention(64, 4, batch_first=True, dropout=0.5, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8, 128, 64, device="cuda", dtype=torch.bfloat16)
+    ours.train()
+    a = ours(x, x, x, need_weights=False)[0]
+    b = ours(x, x, x, need_weights=False)[0]
+    assert not torch.equal(a, b), "dropout in training gave the same output twice"
+    ours.eval()
+    torch.testing.assert_close(ours(x, x, x, need_weights=False)[0], ours(x, x, x, need_weights=False)[0])
