@@ -34,6 +34,7 @@
 #include <mutex>
 
 #include "kernels/layer_norm/layer_norm.h"
+#include "kernels/layer_norm/layer_norm_family.h"
 #include "src/dispatch.h"
 #include "src/layer_norm_select.h"
 
@@ -143,6 +144,23 @@ Triple torch_bwd(const Tensor& grad_out, const Tensor& input, at::IntArrayRef no
   if (input.is_cpu())
     return at::native::layer_norm_backward_cpu(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   return at::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+}
+
+// LayerNorm in the dispatch runtime: its family's index there (looked up once) and its passes'
+// indices; the counters below are what stats_json reports under "layer_norm".
+int family_index() {
+  static const int family = dispatch::Runtime::get().family_index(k::kFamily.op);
+  return family;
+}
+int pass_index(bool backward) { return backward ? k::kBwd : k::kFwd; }
+void count_variant(bool backward, int index) {
+  dispatch::Runtime::get().count_variant(family_index(), pass_index(backward), index);
+}
+void uncount_variant(bool backward, int index) {
+  dispatch::Runtime::get().uncount_variant(family_index(), pass_index(backward), index);
+}
+void count_fallback(bool backward, dispatch::Fallback why) {
+  dispatch::Runtime::get().count_fallback(family_index(), pass_index(backward), why);
 }
 
 // Who calls: hfnn's own op (hfnn.nn.LayerNorm, to_hfnn: a key the table does not know runs the
@@ -269,8 +287,8 @@ void note_launch_failure(bool backward, const Variant* v, std::span<const Varian
                   cudaGetErrorString(err));
   TORCH_CHECK(!strict_env(), "hfnn (HFNN_STRICT=1): ", message);
   FailedLaunches::get().add(backward, v, p.device.device, p.rows, p.cols, p.dtype);
-  if (counted) rt.uncount_variant(backward, static_cast<int>(v - all.data()));
-  rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
+  if (counted) uncount_variant(backward, static_cast<int>(v - all.data()));
+  count_fallback(backward, dispatch::Fallback::kLaunchFailed);
   rt.warn_once(fmt::format("launch:{}:{}", backward ? "bwd" : "fwd", v->name), message);
 }
 
@@ -279,9 +297,8 @@ void note_launch_failure(bool backward, const Variant* v, std::span<const Varian
 template <typename Variant, typename Params>
 bool skip_failed(bool backward, const Variant* v, std::span<const Variant> all, const Params& p, bool counted) {
   if (!FailedLaunches::get().contains(backward, v, p.device.device, p.rows, p.cols, p.dtype)) return false;
-  auto& rt = dispatch::Runtime::get();
-  if (counted) rt.uncount_variant(backward, static_cast<int>(v - all.data()));
-  rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
+  if (counted) uncount_variant(backward, static_cast<int>(v - all.data()));
+  count_fallback(backward, dispatch::Fallback::kLaunchFailed);
   return true;
 }
 
@@ -291,23 +308,23 @@ template <typename Variant, typename Params, typename Default>
 const Variant* table_choice(const Params& p, bool backward, int device, bool affine, Caller caller,
                             std::span<const Variant> all, Default heuristic) {
   auto& rt = dispatch::Runtime::get();
-  const dispatch::WinnerMap* map = rt.for_device(device, [&] { return device_gpu(device); });
+  const dispatch::WinnerMap* map = rt.for_device(family_index(), device, [&] { return device_gpu(device); });
   dispatch::Pick pick;
   if (map) {
-    const auto it = map->find(dispatch::Key{p.rows, p.cols, static_cast<int>(p.dtype), affine});
-    if (it != map->end()) pick = backward ? it->second.bwd : it->second.fwd;
+    const auto it = map->find(k::pack(p.rows, p.cols, p.dtype, affine));
+    if (it != map->end()) pick = it->second[pass_index(backward)];
   }
   if (pick.index == dispatch::Pick::kTorch) {
-    rt.count_fallback(backward, dispatch::Fallback::kTorchWon);
+    count_fallback(backward, dispatch::Fallback::kTorchWon);
     return nullptr;
   }
   if (pick.index >= 0) {
     const Variant* v = static_cast<size_t>(pick.index) < all.size() ? &all[pick.index] : nullptr;
     if (v && v->supports(p)) {
-      rt.count_variant(backward, pick.index);
+      count_variant(backward, pick.index);
       return v;
     }
-    rt.count_fallback(backward, dispatch::Fallback::kVariantRefused);
+    count_fallback(backward, dispatch::Fallback::kVariantRefused);
     rt.warn_once(fmt::format("refused:{}", v ? v->name : "?"),
                  fmt::format("the tuned LayerNorm {} '{}' does not take an input (rows={}, D={}): alignment or "
                              "size; it runs torch's kernel there",
@@ -318,13 +335,13 @@ const Variant* table_choice(const Params& p, bool backward, int device, bool aff
   if (caller == Caller::kHfnn || rt.policy() == dispatch::Policy::kHeuristic) {
     const Variant* v = heuristic(p);
     if (v) {
-      rt.count_variant(backward, static_cast<int>(v - all.data()));
+      count_variant(backward, static_cast<int>(v - all.data()));
       return v;
     }
-    rt.count_fallback(backward, dispatch::Fallback::kBuiltinTorch);
+    count_fallback(backward, dispatch::Fallback::kBuiltinTorch);
     return nullptr;
   }
-  rt.count_fallback(backward, map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
+  count_fallback(backward, map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
   return nullptr;
 }
 #endif
@@ -334,7 +351,7 @@ const Variant* table_choice(const Params& p, bool backward, int device, bool aff
 void note_unsupported(bool backward, const std::string& reason, bool cpu) {
   auto& rt = dispatch::Runtime::get();
   if (!rt.active()) return;
-  rt.count_fallback(backward, cpu ? dispatch::Fallback::kCpuTensor : dispatch::Fallback::kUnsupported);
+  count_fallback(backward, cpu ? dispatch::Fallback::kCpuTensor : dispatch::Fallback::kUnsupported);
   rt.warn_once("unsupported:" + reason, "a LayerNorm input runs torch's kernel, not a tuned one: " + reason);
 }
 
@@ -347,7 +364,7 @@ void note_cpu(bool backward) {
     note_unsupported(backward, "the input is not a CUDA tensor", true);
     warned.store(true, std::memory_order_relaxed);
   } else {
-    rt.count_fallback(backward, dispatch::Fallback::kCpuTensor);
+    count_fallback(backward, dispatch::Fallback::kCpuTensor);
   }
 }
 
