@@ -35,7 +35,20 @@ class VariantNames {
   std::map<std::pair<const families::Family*, int>, std::optional<std::vector<std::string>>> by_pass_;
 };
 
+// Function-local: routers are added from other files' static initializers, in no set order.
+// Only static initialization adds and only a load runs them, so no lock.
+std::vector<void (*)()>& routers() {
+  static std::vector<void (*)()> all;
+  return all;
+}
+
 }  // namespace
+
+void add_router(void (*route)()) { routers().push_back(route); }
+
+void run_routers() {
+  for (const auto route : routers()) route();
+}
 
 std::string Gpu::describe() const { return fmt::format("{} (sm {}, {} SMs)", name, compute_capability, sm_count); }
 

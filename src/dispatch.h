@@ -9,8 +9,9 @@
 // text is built.
 //
 // Torch-free and family-free: it knows families only through their descriptions. An op library
-// file (src/<family>_op.cpp) resolves its family's index once, asks which kernel runs and reports
-// what happened; tests/cpp/test_dispatch.cpp tests it without a GPU.
+// file (src/<family>_op.cpp) adds its router, resolves its family's index once, asks which kernel
+// runs and reports what happened; src/dispatch_op.cpp makes loading and the counts torch ops;
+// tests/cpp/test_dispatch.cpp tests it without a GPU.
 #pragma once
 #include <array>
 #include <atomic>
@@ -111,6 +112,13 @@ enum class Fallback : int {
   kCount
 };
 const char* fallback_name(Fallback f);
+
+// How a family's op file routes torch's own op through the table (LayerNorm's registers its
+// kernels over aten::native_layer_norm): each file adds its router at library load, from a static
+// initializer, and loading a table (src/dispatch_op.cpp) runs them all, so that loader names no
+// family. A router runs at every load: it must do its work once.
+void add_router(void (*route)());
+void run_routers();
 
 // The dispatch state: the process's (get()), over every family of this build. Loaded once
 // (HFNN_DISPATCH_DB, by the start-up hook). Families are named by their index in the runtime's

@@ -6,14 +6,13 @@
 //   hfnn::layer_norm_bwd  (dx, dgamma, dbeta), the contract of aten::native_layer_norm_backward
 //   hfnn::layer_norm      the differentiable op that hfnn.nn.LayerNorm calls
 //   hfnn::layer_norm_supports  whether a named variant can run a given input (for tests and the tuner)
-//   hfnn::dispatch_load / dispatch_stats  HFNN_DISPATCH_DB: the tuned winners for every LayerNorm
-//       in the process, through kernels registered over aten::native_layer_norm(_backward) on the
-//       CUDA and CPU keys (src/dispatch.h holds the table)
+//   HFNN_DISPATCH_DB: the tuned winners for every LayerNorm in the process, through kernels
+//       registered over aten::native_layer_norm(_backward) on the CUDA and CPU keys when a table
+//       loads (src/dispatch_op.cpp loads it, src/dispatch.h holds it)
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -732,50 +731,9 @@ void register_over_aten() {
   });
 }
 
-// Loads the table (once per process; a second call replaces it) and routes torch's LayerNorm
-// through it. Returns JSON: {"ok", "problem" (one line, or ""), "notes" [...], "keys", "gpus"}.
-// A problem leaves the table empty: every call runs torch's kernel and is counted as a fall-back.
-std::string dispatch_load(c10::string_view path, c10::string_view torch_version, c10::string_view cuda_version,
-                          c10::string_view hfnn_version, c10::string_view policy, bool strict) {
-  TORCH_CHECK(policy == "torch" || policy == "heuristic", "HFNN_DISPATCH_POLICY=", std::string(policy),
-              ": expected torch (keys without a winner run torch's kernel) or heuristic (hfnn's built-in choice)");
-  const std::string db(path);
-  std::shared_ptr<const dispatch::Table> table;
-  std::string problem;
-  std::vector<std::string> notes;
-  try {
-    auto loaded = dispatch::Table::load(
-        db, {std::string(torch_version), std::string(cuda_version), std::string(hfnn_version)});
-    if (loaded.gpu_count() == 0 && loaded.other_versions.empty()) {
-      problem = fmt::format("{}: has no tuned winners yet; run `hfnn tune --db {}` on this GPU first", db, db);
-    } else if (loaded.gpu_count() == 0) {
-      std::string others;
-      for (const auto& o : loaded.other_versions) others += (others.empty() ? "" : "; ") + o;
-      problem = fmt::format("{}: tuned with other versions ({}), not with torch {}, CUDA {}, hfnn {}; run `hfnn tune "
-                            "--db {}` again",
-                            db, others, std::string(torch_version),
-                            std::string(cuda_version), std::string(hfnn_version), db);
-    }
-    for (const auto& v : loaded.unknown_variants)
-      notes.push_back(fmt::format("{}: winner '{}' is not in this build of hfnn; those keys run as untuned", db, v));
-    table = std::make_shared<const dispatch::Table>(std::move(loaded));
-  } catch (const dispatch::LoadError& e) {
-    problem = e.what();
-  }
-  dispatch::Runtime::get().configure(table, db, policy == "torch" ? dispatch::Policy::kTorch : dispatch::Policy::kHeuristic,
-                                     strict);
-  register_over_aten();
-  nlohmann::json gpus = nlohmann::json::array();
-  if (table)
-    for (const auto& g : table->gpus()) gpus.push_back(g.describe());
-  return nlohmann::json{{"ok", problem.empty()}, {"problem", problem}, {"notes", notes},
-                        {"keys", table ? table->key_count() : 0}, {"gpus", gpus}}
-      .dump();
-}
-
-std::string dispatch_stats() { return dispatch::Runtime::get().stats_json(); }
-
-void dispatch_reset_counts() { dispatch::Runtime::get().reset_counts(); }
+// Under HFNN_DISPATCH_DB every LayerNorm in the process comes here: loading the table
+// (src/dispatch_op.cpp) runs this file's router.
+[[maybe_unused]] const bool kRouted = (dispatch::add_router(&register_over_aten), true);
 
 }  // namespace
 }  // namespace hfnn::layer_norm
@@ -788,10 +746,6 @@ TORCH_LIBRARY_FRAGMENT(hfnn, m) {
   m.impl("layer_norm_supports", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::supports));
   m.def("layer_norm_default(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, bool backward) -> str");
   m.impl("layer_norm_default", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::default_choice));
-  m.def("dispatch_load(str path, str torch_version, str cuda_version, str hfnn_version, str policy, bool strict) -> str",
-        TORCH_FN(hfnn::layer_norm::dispatch_load));
-  m.def("dispatch_stats() -> str", TORCH_FN(hfnn::layer_norm::dispatch_stats));
-  m.def("dispatch_reset_counts() -> ()", TORCH_FN(hfnn::layer_norm::dispatch_reset_counts));
 }
 
 TORCH_LIBRARY_IMPL(hfnn, CUDA, m) {

@@ -313,5 +313,15 @@ TEST(DispatchRuntime, RefusesFamiliesBeyondItsArrays) {
   EXPECT_THROW(Runtime{too_many}, std::invalid_argument);
 }
 
+TEST(DispatchRouters, LoadingATableRunsEveryRouterAddedAtEveryLoad) {
+  static int runs_a = 0, runs_b = 0;
+  add_router([] { ++runs_a; });
+  add_router([] { ++runs_b; });
+  run_routers();
+  run_routers();
+  EXPECT_EQ(runs_a, 2);
+  EXPECT_EQ(runs_b, 2);
+}
+
 }  // namespace
 }  // namespace hfnn::dispatch
