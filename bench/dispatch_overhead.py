@@ -116,7 +116,7 @@ def main():
             rounds[mode].append(answer["us_per_call"])
             best[mode] = min(best[mode], answer["min_us"])
             stats[mode] = answer["stats"]
-            print(f"round {r + 1} {mode:12s} {answer['us_per_call']:.3f} µs/call  {answer['stats'].get('calls')}",
+            print(f"round {r + 1} {mode:12s} {answer['us_per_call']:.3f} µs/call  {answer['stats']['ops']['layer_norm']['calls']}",
                   flush=True)
     us = {m: statistics.median(v) for m, v in rounds.items()}
     result = {
@@ -133,7 +133,7 @@ def main():
         "overhead_best_us": round(best["table_torch"] - best["torch"], 3),
         "hfnn_winner_delta_best_us": round(best["table_hfnn"] - best["torch"], 3),
         "rounds_us_per_call": {m: [round(x, 3) for x in v] for m, v in rounds.items()},
-        "dispatch_counts": {m: stats[m].get("calls") for m in ("table_torch", "table_hfnn")},
+        "dispatch_counts": {m: stats[m]["ops"]["layer_norm"]["calls"] for m in ("table_torch", "table_hfnn")},
     }
     print(f"overhead {result['overhead_us']:+.3f} µs/call with torch as the winner, "
           f"{result['hfnn_winner_delta_us']:+.3f} µs with an hfnn winner (medians; torch's rounds spread "

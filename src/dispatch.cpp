@@ -8,59 +8,49 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "kernels/common/dtype.h"
-#include "kernels/layer_norm/layer_norm_family.h"
 #include "profiles/db.h"
 #include "tuner/tuner.h"
-#if HFNN_WITH_CUDA
-#include "kernels/layer_norm/layer_norm.h"
-#endif
 
 namespace hfnn::dispatch {
 namespace {
 
-std::optional<int> dtype_code(const std::string& name) {
-  if (name == "float32") return static_cast<int>(kernels::DType::kFloat32);
-  if (name == "float16") return static_cast<int>(kernels::DType::kFloat16);
-  if (name == "bfloat16") return static_cast<int>(kernels::DType::kBFloat16);
-  return std::nullopt;
+bool same_gpu(const Gpu& a, const Gpu& b) {
+  return a.name == b.name && a.compute_capability == b.compute_capability && a.sm_count == b.sm_count;
 }
 
-// The registry index of a variant name for a pass; -1 when this build has no such variant.
-int variant_index(bool backward, const std::string& name) {
-#if HFNN_WITH_CUDA
-  namespace k = kernels::layer_norm;
-  if (backward) {
-    const auto* v = k::find_bwd(name);
-    return v ? static_cast<int>(v - k::bwd_variants().data()) : -1;
+// Variant names by family and pass, read from the families once per load rather than per row.
+class VariantNames {
+ public:
+  int index(const families::Family& family, int pass, const std::string& name) {
+    auto& names = by_pass_[{&family, pass}];
+    if (!names) {
+      names.emplace();
+      for (auto& v : family.variants(family.passes[pass])) names->push_back(std::move(v.name));
+    }
+    const auto it = std::find(names->begin(), names->end(), name);
+    return it == names->end() ? -1 : static_cast<int>(it - names->begin());
   }
-  const auto* v = k::find_fwd(name);
-  return v ? static_cast<int>(v - k::fwd_variants().data()) : -1;
-#else
-  (void)backward;
-  (void)name;
-  return -1;
-#endif
-}
 
-std::string variant_name(bool backward, int index) {
-#if HFNN_WITH_CUDA
-  namespace k = kernels::layer_norm;
-  if (backward && index < static_cast<int>(k::bwd_variants().size())) return std::string(k::bwd_variants()[index].name);
-  if (!backward && index < static_cast<int>(k::fwd_variants().size())) return std::string(k::fwd_variants()[index].name);
-#endif
-  return fmt::format("variant #{}", index);
+ private:
+  std::map<std::pair<const families::Family*, int>, std::optional<std::vector<std::string>>> by_pass_;
+};
+
+// Function-local: routers are added from other files' static initializers, in no set order.
+// Only static initialization adds and only a load runs them, so no lock.
+std::vector<void (*)()>& routers() {
+  static std::vector<void (*)()> all;
+  return all;
 }
 
 }  // namespace
 
-std::string Gpu::describe() const { return fmt::format("{} (sm {}, {} SMs)", name, compute_capability, sm_count); }
+void add_router(void (*route)()) { routers().push_back(route); }
 
-size_t KeyHash::operator()(const Key& k) const noexcept {
-  size_t h = std::hash<int64_t>()(k.rows);
-  h = h * 1000003u ^ std::hash<int64_t>()(k.cols);
-  return h * 31u + static_cast<size_t>(k.dtype) * 2u + (k.affine ? 1u : 0u);
+void run_routers() {
+  for (const auto route : routers()) route();
 }
+
+std::string Gpu::describe() const { return fmt::format("{} (sm {}, {} SMs)", name, compute_capability, sm_count); }
 
 const char* fallback_name(Fallback f) {
   switch (f) {
@@ -77,7 +67,7 @@ const char* fallback_name(Fallback f) {
   return "?";
 }
 
-Table Table::load(const std::string& path, const Versions& versions) {
+Table Table::load(const std::string& path, const Versions& versions, std::span<const families::Family* const> known) {
   Table t;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
@@ -95,35 +85,34 @@ Table Table::load(const std::string& path, const Versions& versions) {
                           "SELECT e.gpu, e.compute_capability, e.sm_count, e.cuda, e.torch, e.hfnn, w.op, w.key, w.dtype,"
                           " w.pass, w.winner FROM tune_winners w JOIN tune_envs e ON e.id = w.env_id ORDER BY e.id");
     std::set<std::string> others, unknown;
+    VariantNames names;
     while (s.step()) {
       const std::string cuda = s.column_text(3), torch = s.column_text(4), hfnn = s.column_text(5);
       if (cuda != versions.cuda || torch != versions.torch || hfnn != versions.hfnn) {
         others.insert(fmt::format("torch {}, CUDA {}, hfnn {}", torch, cuda, hfnn));
         continue;
       }
-      if (s.column_text(6) != "layer_norm") continue;
-      const auto key = kernels::layer_norm::parse_key(s.column_text(7));
-      const auto dtype = dtype_code(s.column_text(8));
-      const std::string pass = s.column_text(9), winner = s.column_text(10);
-      if (!key || !dtype || (pass != "fwd" && pass != "bwd")) continue;
+      const std::string op = s.column_text(6);
+      const auto family = std::find_if(known.begin(), known.end(), [&](const auto* f) { return f->op == op; });
+      if (family == known.end()) continue;  // a family this build does not have: its ops run torch's kernels
+      const families::Family& f = **family;
+      const auto key = f.pack_key(s.column_text(7), s.column_text(8));
+      const std::string winner = s.column_text(10);
+      const int pass = families::pass_index(f, s.column_text(9));
+      if (!key || pass < 0 || pass >= kMaxPasses) continue;
       Gpu gpu{s.column_text(0), s.column_text(1), s.column_int(2)};
-      auto it = std::find_if(t.gpus_.begin(), t.gpus_.end(), [&](const auto& g) {
-        return g.first.name == gpu.name && g.first.compute_capability == gpu.compute_capability &&
-               g.first.sm_count == gpu.sm_count;
-      });
-      if (it == t.gpus_.end()) it = t.gpus_.insert(t.gpus_.end(), {gpu, WinnerMap{}});
-      const bool backward = pass == "bwd";
+      auto it = std::find_if(t.gpus_.begin(), t.gpus_.end(), [&](const auto& g) { return same_gpu(g.gpu, gpu); });
+      if (it == t.gpus_.end()) it = t.gpus_.insert(t.gpus_.end(), {gpu, {}});
       Pick pick;
       if (winner == tuner::kTorch) {
         pick.index = Pick::kTorch;
-      } else if (const int i = variant_index(backward, winner); i >= 0) {
+      } else if (const int i = names.index(f, pass, winner); i >= 0 && i < kMaxVariants) {
         pick.index = i;
       } else {
         unknown.insert(winner);
         continue;
       }
-      Winners& w = it->second[Key{key->rows, key->cols, *dtype, key->affine}];
-      (backward ? w.bwd : w.fwd) = pick;
+      it->ops[op][*key][pass] = pick;
     }
     t.other_versions.assign(others.begin(), others.end());
     t.unknown_variants.assign(unknown.begin(), unknown.end());
@@ -133,27 +122,55 @@ Table Table::load(const std::string& path, const Versions& versions) {
   return t;
 }
 
-const WinnerMap* Table::for_gpu(const Gpu& gpu) const {
-  for (const auto& [g, map] : gpus_)
-    if (g.name == gpu.name && g.compute_capability == gpu.compute_capability && g.sm_count == gpu.sm_count) return &map;
+const WinnerMap* Table::for_gpu(const Gpu& gpu, std::string_view op) const {
+  static const WinnerMap kNone;
+  for (const auto& g : gpus_) {
+    if (!same_gpu(g.gpu, gpu)) continue;
+    const auto it = g.ops.find(op);
+    return it == g.ops.end() ? &kNone : &it->second;
+  }
   return nullptr;
 }
 
 size_t Table::key_count() const {
   size_t n = 0;
-  for (const auto& g : gpus_) n += g.second.size();
+  for (const auto& g : gpus_)
+    for (const auto& [op, map] : g.ops) n += map.size();
+  return n;
+}
+
+size_t Table::key_count(std::string_view op) const {
+  size_t n = 0;
+  for (const auto& g : gpus_)
+    if (const auto it = g.ops.find(op); it != g.ops.end()) n += it->second.size();
   return n;
 }
 
 std::vector<Gpu> Table::gpus() const {
   std::vector<Gpu> out;
-  for (const auto& g : gpus_) out.push_back(g.first);
+  for (const auto& g : gpus_) out.push_back(g.gpu);
   return out;
 }
 
 Runtime& Runtime::get() {
-  static Runtime* r = new Runtime();  // never destroyed: calls may come during static teardown
+  // Never destroyed: calls may come during static teardown.
+  static Runtime* r = new Runtime(families::all());
   return *r;
+}
+
+Runtime::Runtime(std::span<const families::Family* const> families) : families_(families.begin(), families.end()) {
+  if (families_.size() > static_cast<size_t>(kMaxFamilies))
+    throw std::invalid_argument(fmt::format("hfnn dispatch: {} kernel families, at most {} fit; raise kMaxFamilies in "
+                                            "src/dispatch.h", families_.size(), kMaxFamilies));
+  for (const auto* f : families_)
+    if (f->passes.size() > static_cast<size_t>(kMaxPasses))
+      throw std::invalid_argument(fmt::format("hfnn dispatch: family {} has {} passes, at most {} fit; raise kMaxPasses "
+                                              "in src/dispatch.h", f->op, f->passes.size(), kMaxPasses));
+}
+
+int Runtime::family_index(std::string_view op) const {
+  const auto it = std::find_if(families_.begin(), families_.end(), [&](const auto* f) { return f->op == op; });
+  return it == families_.end() ? -1 : static_cast<int>(it - families_.begin());
 }
 
 void Runtime::configure(std::shared_ptr<const Table> table, std::string path, Policy policy, bool strict) {
@@ -163,13 +180,14 @@ void Runtime::configure(std::shared_ptr<const Table> table, std::string path, Po
   path_ = std::move(path);
   policy_.store(policy, std::memory_order_relaxed);
   strict_.store(strict, std::memory_order_relaxed);
-  for (auto& d : device_map_) d.store(nullptr, std::memory_order_relaxed);
+  for (auto& device : device_maps_)
+    for (auto& map : device) map.store(nullptr, std::memory_order_relaxed);
   for (auto& d : device_resolved_) d.store(false, std::memory_order_relaxed);
   active_.store(true, std::memory_order_release);
 }
 
-const WinnerMap* Runtime::resolve(int device, const std::function<Gpu()>& props) {
-  if (device < 0 || device >= kMaxDevices) return nullptr;
+const WinnerMap* Runtime::resolve(int family, int device, const std::function<Gpu()>& props) {
+  if (device < 0 || device >= kMaxDevices || family < 0 || family >= static_cast<int>(families_.size())) return nullptr;
   if (device_resolved_[device].load(std::memory_order_acquire)) {  // HFNN_STRICT=1 and no table for this GPU
     std::string message;
     {
@@ -177,39 +195,44 @@ const WinnerMap* Runtime::resolve(int device, const std::function<Gpu()>& props)
       if (table_) message = fmt::format("{} has no winners for cuda:{}", path_, device);
     }
     if (!message.empty()) warn_once("gpu", message);
-    return device_map_[device].load(std::memory_order_relaxed);
+    return device_maps_[device][family].load(std::memory_order_relaxed);
   }
   const Gpu gpu = props();  // outside the lock: it may initialize CUDA
   std::string warning;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!device_resolved_[device].load(std::memory_order_relaxed)) {
-      const WinnerMap* map = table_ ? table_->for_gpu(gpu) : nullptr;
-      if (table_ && !map) {
+      // Every family's winners at once: one resolution per device, whichever family calls first.
+      for (size_t f = 0; f < families_.size(); ++f)
+        device_maps_[device][f].store(table_ ? table_->for_gpu(gpu, families_[f]->op) : nullptr,
+                                      std::memory_order_relaxed);
+      if (table_ && !device_maps_[device][family].load(std::memory_order_relaxed)) {
         std::string tuned;
         for (const auto& g : table_->gpus()) tuned += (tuned.empty() ? "" : ", ") + g.describe();
-        warning = fmt::format("{} has no winners for {} (cuda:{}){}; LayerNorm runs torch's kernels there (run "
-                              "`hfnn tune --db {}` on this GPU)",
+        warning = fmt::format("{} has no winners for {} (cuda:{}){}; torch's kernels run there (run `hfnn tune --db "
+                              "{}` on this GPU)",
                               path_, gpu.describe(), device, tuned.empty() ? "" : ", only for " + tuned, path_);
       }
-      device_map_[device].store(map, std::memory_order_relaxed);
       device_resolved_[device].store(true, std::memory_order_release);
     }
   }
   if (!warning.empty()) warn_once("gpu:" + gpu.describe(), warning);
-  return device_map_[device].load(std::memory_order_relaxed);
+  return device_maps_[device][family].load(std::memory_order_relaxed);
 }
 
-void Runtime::count_variant(bool backward, int index) {
-  if (index >= 0 && index < kMaxVariants) variant_calls_[backward][index].fetch_add(1, std::memory_order_relaxed);
+void Runtime::count_variant(int family, int pass, int index) {
+  if (family >= 0 && family < kMaxFamilies && pass >= 0 && pass < kMaxPasses && index >= 0 && index < kMaxVariants)
+    variant_calls_[family][pass][index].fetch_add(1, std::memory_order_relaxed);
 }
 
-void Runtime::uncount_variant(bool backward, int index) {
-  if (index >= 0 && index < kMaxVariants) variant_calls_[backward][index].fetch_sub(1, std::memory_order_relaxed);
+void Runtime::uncount_variant(int family, int pass, int index) {
+  if (family >= 0 && family < kMaxFamilies && pass >= 0 && pass < kMaxPasses && index >= 0 && index < kMaxVariants)
+    variant_calls_[family][pass][index].fetch_sub(1, std::memory_order_relaxed);
 }
 
-void Runtime::count_fallback(bool backward, Fallback why) {
-  fallback_calls_[backward][static_cast<int>(why)].fetch_add(1, std::memory_order_relaxed);
+void Runtime::count_fallback(int family, int pass, Fallback why) {
+  if (family >= 0 && family < kMaxFamilies && pass >= 0 && pass < kMaxPasses)
+    fallback_calls_[family][pass][static_cast<int>(why)].fetch_add(1, std::memory_order_relaxed);
 }
 
 void Runtime::warn_once(const std::string& topic, const std::string& message) {
@@ -224,20 +247,30 @@ void Runtime::warn_once(const std::string& topic, const std::string& message) {
 
 std::string Runtime::stats_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  nlohmann::json calls = nlohmann::json::object(), fallbacks = nlohmann::json::object();
-  for (int b = 0; b < 2; ++b) {
-    const char* pass = b ? "bwd" : "fwd";
-    calls[pass] = nlohmann::json::object();
-    fallbacks[pass] = nlohmann::json::object();
-    for (int i = 0; i < kMaxVariants; ++i)
-      if (const int64_t n = variant_calls_[b][i].load(std::memory_order_relaxed)) calls[pass][variant_name(b, i)] = n;
-    int64_t torch = 0;
-    for (int f = 0; f < static_cast<int>(Fallback::kCount); ++f)
-      if (const int64_t n = fallback_calls_[b][f].load(std::memory_order_relaxed)) {
-        fallbacks[pass][fallback_name(static_cast<Fallback>(f))] = n;
-        torch += n;
-      }
-    if (torch) calls[pass]["torch"] = torch;
+  nlohmann::json ops = nlohmann::json::object();
+  for (size_t f = 0; f < families_.size(); ++f) {
+    const families::Family& family = *families_[f];
+    nlohmann::json calls = nlohmann::json::object(), fallbacks = nlohmann::json::object();
+    for (size_t p = 0; p < family.passes.size(); ++p) {
+      const std::string pass(family.passes[p]);
+      const auto variants = family.variants(pass);
+      calls[pass] = nlohmann::json::object();
+      fallbacks[pass] = nlohmann::json::object();
+      for (size_t i = 0; i < static_cast<size_t>(kMaxVariants); ++i)
+        if (const int64_t n = variant_calls_[f][p][i].load(std::memory_order_relaxed))
+          calls[pass][i < variants.size() ? variants[i].name : fmt::format("variant #{}", i)] = n;
+      int64_t torch = 0;
+      for (int r = 0; r < static_cast<int>(Fallback::kCount); ++r)
+        if (const int64_t n = fallback_calls_[f][p][r].load(std::memory_order_relaxed)) {
+          fallbacks[pass][fallback_name(static_cast<Fallback>(r))] = n;
+          torch += n;
+        }
+      if (torch) calls[pass]["torch"] = torch;
+    }
+    ops[std::string(family.op)] = {{"title", family.title},
+                                   {"keys", table_ ? table_->key_count(family.op) : 0},
+                                   {"calls", calls},
+                                   {"fallbacks", fallbacks}};
   }
   nlohmann::json gpus = nlohmann::json::array();
   if (table_)
@@ -248,16 +281,17 @@ std::string Runtime::stats_json() const {
                         {"strict", strict()},
                         {"gpus", gpus},
                         {"keys", table_ ? table_->key_count() : 0},
-                        {"calls", calls},
-                        {"fallbacks", fallbacks}}
+                        {"ops", ops}}
       .dump();
 }
 
 void Runtime::reset_counts() {
-  for (auto& pass : variant_calls_)
-    for (auto& c : pass) c.store(0, std::memory_order_relaxed);
-  for (auto& pass : fallback_calls_)
-    for (auto& c : pass) c.store(0, std::memory_order_relaxed);
+  for (auto& family : variant_calls_)
+    for (auto& pass : family)
+      for (auto& c : pass) c.store(0, std::memory_order_relaxed);
+  for (auto& family : fallback_calls_)
+    for (auto& pass : family)
+      for (auto& c : pass) c.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace hfnn::dispatch

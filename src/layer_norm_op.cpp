@@ -6,14 +6,13 @@
 //   hfnn::layer_norm_bwd  (dx, dgamma, dbeta), the contract of aten::native_layer_norm_backward
 //   hfnn::layer_norm      the differentiable op that hfnn.nn.LayerNorm calls
 //   hfnn::layer_norm_supports  whether a named variant can run a given input (for tests and the tuner)
-//   hfnn::dispatch_load / dispatch_stats  HFNN_DISPATCH_DB: the tuned winners for every LayerNorm
-//       in the process, through kernels registered over aten::native_layer_norm(_backward) on the
-//       CUDA and CPU keys (src/dispatch.h holds the table)
+//   HFNN_DISPATCH_DB: the tuned winners for every LayerNorm in the process, through kernels
+//       registered over aten::native_layer_norm(_backward) on the CUDA and CPU keys when a table
+//       loads (src/dispatch_op.cpp loads it, src/dispatch.h holds it)
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -34,6 +33,7 @@
 #include <mutex>
 
 #include "kernels/layer_norm/layer_norm.h"
+#include "kernels/layer_norm/layer_norm_family.h"
 #include "src/dispatch.h"
 #include "src/layer_norm_select.h"
 
@@ -143,6 +143,23 @@ Triple torch_bwd(const Tensor& grad_out, const Tensor& input, at::IntArrayRef no
   if (input.is_cpu())
     return at::native::layer_norm_backward_cpu(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
   return at::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+}
+
+// LayerNorm in the dispatch runtime: its family's index there (looked up once) and its passes'
+// indices; the counters below are what stats_json reports under "layer_norm".
+int family_index() {
+  static const int family = dispatch::Runtime::get().family_index(k::kFamily.op);
+  return family;
+}
+int pass_index(bool backward) { return backward ? k::kBwd : k::kFwd; }
+void count_variant(bool backward, int index) {
+  dispatch::Runtime::get().count_variant(family_index(), pass_index(backward), index);
+}
+void uncount_variant(bool backward, int index) {
+  dispatch::Runtime::get().uncount_variant(family_index(), pass_index(backward), index);
+}
+void count_fallback(bool backward, dispatch::Fallback why) {
+  dispatch::Runtime::get().count_fallback(family_index(), pass_index(backward), why);
 }
 
 // Who calls: hfnn's own op (hfnn.nn.LayerNorm, to_hfnn: a key the table does not know runs the
@@ -269,8 +286,8 @@ void note_launch_failure(bool backward, const Variant* v, std::span<const Varian
                   cudaGetErrorString(err));
   TORCH_CHECK(!strict_env(), "hfnn (HFNN_STRICT=1): ", message);
   FailedLaunches::get().add(backward, v, p.device.device, p.rows, p.cols, p.dtype);
-  if (counted) rt.uncount_variant(backward, static_cast<int>(v - all.data()));
-  rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
+  if (counted) uncount_variant(backward, static_cast<int>(v - all.data()));
+  count_fallback(backward, dispatch::Fallback::kLaunchFailed);
   rt.warn_once(fmt::format("launch:{}:{}", backward ? "bwd" : "fwd", v->name), message);
 }
 
@@ -279,9 +296,8 @@ void note_launch_failure(bool backward, const Variant* v, std::span<const Varian
 template <typename Variant, typename Params>
 bool skip_failed(bool backward, const Variant* v, std::span<const Variant> all, const Params& p, bool counted) {
   if (!FailedLaunches::get().contains(backward, v, p.device.device, p.rows, p.cols, p.dtype)) return false;
-  auto& rt = dispatch::Runtime::get();
-  if (counted) rt.uncount_variant(backward, static_cast<int>(v - all.data()));
-  rt.count_fallback(backward, dispatch::Fallback::kLaunchFailed);
+  if (counted) uncount_variant(backward, static_cast<int>(v - all.data()));
+  count_fallback(backward, dispatch::Fallback::kLaunchFailed);
   return true;
 }
 
@@ -291,23 +307,23 @@ template <typename Variant, typename Params, typename Default>
 const Variant* table_choice(const Params& p, bool backward, int device, bool affine, Caller caller,
                             std::span<const Variant> all, Default heuristic) {
   auto& rt = dispatch::Runtime::get();
-  const dispatch::WinnerMap* map = rt.for_device(device, [&] { return device_gpu(device); });
+  const dispatch::WinnerMap* map = rt.for_device(family_index(), device, [&] { return device_gpu(device); });
   dispatch::Pick pick;
   if (map) {
-    const auto it = map->find(dispatch::Key{p.rows, p.cols, static_cast<int>(p.dtype), affine});
-    if (it != map->end()) pick = backward ? it->second.bwd : it->second.fwd;
+    const auto it = map->find(k::pack(p.rows, p.cols, p.dtype, affine));
+    if (it != map->end()) pick = it->second[pass_index(backward)];
   }
   if (pick.index == dispatch::Pick::kTorch) {
-    rt.count_fallback(backward, dispatch::Fallback::kTorchWon);
+    count_fallback(backward, dispatch::Fallback::kTorchWon);
     return nullptr;
   }
   if (pick.index >= 0) {
     const Variant* v = static_cast<size_t>(pick.index) < all.size() ? &all[pick.index] : nullptr;
     if (v && v->supports(p)) {
-      rt.count_variant(backward, pick.index);
+      count_variant(backward, pick.index);
       return v;
     }
-    rt.count_fallback(backward, dispatch::Fallback::kVariantRefused);
+    count_fallback(backward, dispatch::Fallback::kVariantRefused);
     rt.warn_once(fmt::format("refused:{}", v ? v->name : "?"),
                  fmt::format("the tuned LayerNorm {} '{}' does not take an input (rows={}, D={}): alignment or "
                              "size; it runs torch's kernel there",
@@ -318,13 +334,13 @@ const Variant* table_choice(const Params& p, bool backward, int device, bool aff
   if (caller == Caller::kHfnn || rt.policy() == dispatch::Policy::kHeuristic) {
     const Variant* v = heuristic(p);
     if (v) {
-      rt.count_variant(backward, static_cast<int>(v - all.data()));
+      count_variant(backward, static_cast<int>(v - all.data()));
       return v;
     }
-    rt.count_fallback(backward, dispatch::Fallback::kBuiltinTorch);
+    count_fallback(backward, dispatch::Fallback::kBuiltinTorch);
     return nullptr;
   }
-  rt.count_fallback(backward, map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
+  count_fallback(backward, map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
   return nullptr;
 }
 #endif
@@ -334,7 +350,7 @@ const Variant* table_choice(const Params& p, bool backward, int device, bool aff
 void note_unsupported(bool backward, const std::string& reason, bool cpu) {
   auto& rt = dispatch::Runtime::get();
   if (!rt.active()) return;
-  rt.count_fallback(backward, cpu ? dispatch::Fallback::kCpuTensor : dispatch::Fallback::kUnsupported);
+  count_fallback(backward, cpu ? dispatch::Fallback::kCpuTensor : dispatch::Fallback::kUnsupported);
   rt.warn_once("unsupported:" + reason, "a LayerNorm input runs torch's kernel, not a tuned one: " + reason);
 }
 
@@ -347,7 +363,7 @@ void note_cpu(bool backward) {
     note_unsupported(backward, "the input is not a CUDA tensor", true);
     warned.store(true, std::memory_order_relaxed);
   } else {
-    rt.count_fallback(backward, dispatch::Fallback::kCpuTensor);
+    count_fallback(backward, dispatch::Fallback::kCpuTensor);
   }
 }
 
@@ -715,50 +731,9 @@ void register_over_aten() {
   });
 }
 
-// Loads the table (once per process; a second call replaces it) and routes torch's LayerNorm
-// through it. Returns JSON: {"ok", "problem" (one line, or ""), "notes" [...], "keys", "gpus"}.
-// A problem leaves the table empty: every call runs torch's kernel and is counted as a fall-back.
-std::string dispatch_load(c10::string_view path, c10::string_view torch_version, c10::string_view cuda_version,
-                          c10::string_view hfnn_version, c10::string_view policy, bool strict) {
-  TORCH_CHECK(policy == "torch" || policy == "heuristic", "HFNN_DISPATCH_POLICY=", std::string(policy),
-              ": expected torch (keys without a winner run torch's kernel) or heuristic (hfnn's built-in choice)");
-  const std::string db(path);
-  std::shared_ptr<const dispatch::Table> table;
-  std::string problem;
-  std::vector<std::string> notes;
-  try {
-    auto loaded = dispatch::Table::load(
-        db, {std::string(torch_version), std::string(cuda_version), std::string(hfnn_version)});
-    if (loaded.gpu_count() == 0 && loaded.other_versions.empty()) {
-      problem = fmt::format("{}: has no tuned winners yet; run `hfnn tune --db {}` on this GPU first", db, db);
-    } else if (loaded.gpu_count() == 0) {
-      std::string others;
-      for (const auto& o : loaded.other_versions) others += (others.empty() ? "" : "; ") + o;
-      problem = fmt::format("{}: tuned with other versions ({}), not with torch {}, CUDA {}, hfnn {}; run `hfnn tune "
-                            "--db {}` again",
-                            db, others, std::string(torch_version),
-                            std::string(cuda_version), std::string(hfnn_version), db);
-    }
-    for (const auto& v : loaded.unknown_variants)
-      notes.push_back(fmt::format("{}: winner '{}' is not in this build of hfnn; those keys run as untuned", db, v));
-    table = std::make_shared<const dispatch::Table>(std::move(loaded));
-  } catch (const dispatch::LoadError& e) {
-    problem = e.what();
-  }
-  dispatch::Runtime::get().configure(table, db, policy == "torch" ? dispatch::Policy::kTorch : dispatch::Policy::kHeuristic,
-                                     strict);
-  register_over_aten();
-  nlohmann::json gpus = nlohmann::json::array();
-  if (table)
-    for (const auto& g : table->gpus()) gpus.push_back(g.describe());
-  return nlohmann::json{{"ok", problem.empty()}, {"problem", problem}, {"notes", notes},
-                        {"keys", table ? table->key_count() : 0}, {"gpus", gpus}}
-      .dump();
-}
-
-std::string dispatch_stats() { return dispatch::Runtime::get().stats_json(); }
-
-void dispatch_reset_counts() { dispatch::Runtime::get().reset_counts(); }
+// Under HFNN_DISPATCH_DB every LayerNorm in the process comes here: loading the table
+// (src/dispatch_op.cpp) runs this file's router.
+[[maybe_unused]] const bool kRouted = (dispatch::add_router(&register_over_aten), true);
 
 }  // namespace
 }  // namespace hfnn::layer_norm
@@ -771,10 +746,6 @@ TORCH_LIBRARY_FRAGMENT(hfnn, m) {
   m.impl("layer_norm_supports", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::supports));
   m.def("layer_norm_default(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, bool backward) -> str");
   m.impl("layer_norm_default", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(hfnn::layer_norm::default_choice));
-  m.def("dispatch_load(str path, str torch_version, str cuda_version, str hfnn_version, str policy, bool strict) -> str",
-        TORCH_FN(hfnn::layer_norm::dispatch_load));
-  m.def("dispatch_stats() -> str", TORCH_FN(hfnn::layer_norm::dispatch_stats));
-  m.def("dispatch_reset_counts() -> ()", TORCH_FN(hfnn::layer_norm::dispatch_reset_counts));
 }
 
 TORCH_LIBRARY_IMPL(hfnn, CUDA, m) {

@@ -13,6 +13,12 @@ std::string_view dtype_name(DType dtype) {
   return "unknown";
 }
 
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (const DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
+    if (dtype_name(d) == name) return d;
+  return std::nullopt;
+}
+
 }  // namespace hfnn::kernels
 
 #include <bit>

@@ -1,5 +1,6 @@
 #include "kernels/common/family.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
@@ -25,6 +26,17 @@ std::string op_names() {
   std::string out;
   for (const Family* f : kAll) out += (out.empty() ? "" : ", ") + std::string(f->op);
   return out;
+}
+
+int pass_index(const Family& family, std::string_view pass) {
+  const auto it = std::find(family.passes.begin(), family.passes.end(), pass);
+  return it == family.passes.end() ? -1 : static_cast<int>(it - family.passes.begin());
+}
+
+int variant_index(const Family& family, std::string_view pass, std::string_view name) {
+  const auto all = family.variants(pass);
+  const auto it = std::find_if(all.begin(), all.end(), [&](const VariantInfo& v) { return v.name == name; });
+  return it == all.end() ? -1 : static_cast<int>(it - all.begin());
 }
 
 std::optional<std::vector<int64_t>> parse_dims(std::string_view text) {

@@ -1,9 +1,11 @@
 // A kernel family as the parts of hfnn that run no kernel see it: the profile's op name, how a
 // recorded shape becomes a tuning key and how that key reads in a report, the passes, the float64
-// gate's tolerance and the variant names. The tuner, the database, `hfnn tune` and the reports
-// iterate families(); a family adds its description under kernels/<family>/ and one line to the
-// list in family.cpp, never a branch on its name elsewhere. Torch-free and GPU-free: CPU-tested.
+// gate's tolerance, the variant names and the packed key dispatch looks winners up by. The tuner,
+// the database, `hfnn tune`, the reports and the HFNN_DISPATCH_DB table (src/dispatch.h) iterate
+// all(); a family adds its description under kernels/<family>/ and one line to the list in
+// family.cpp, never a branch on its name elsewhere. Torch-free and GPU-free: CPU-tested.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -28,6 +30,12 @@ struct VariantInfo {
   std::string idea;
 };
 
+// A tuning key as a few integers, which HFNN_DISPATCH_DB's table is keyed by: the op builds it from
+// its tensor sizes on every call, so a lookup hashes a few words and builds no text. A family fills
+// the words it needs (the dtype among them) and leaves the rest zero; six fit LayerNorm's four and
+// leave room for attention's (batch, heads, lengths, head size, dtype, flags).
+using PackedKey = std::array<int64_t, 6>;
+
 struct Family {
   std::string_view op;          // as the profiler records it: "layer_norm"
   std::string_view title;       // for people: "LayerNorm"
@@ -41,9 +49,19 @@ struct Family {
   // The largest error against the float64 reference a candidate may have, as max|out - ref| /
   // max|ref| over each output of a pass, for outputs of this dtype.
   double (*tolerance)(const std::string& dtype);
-  // The variants of a pass, in registry order (none in a build without CUDA kernels).
+  // The variants of a pass, in registry order (none in a build without CUDA kernels): a variant's
+  // position here is the index dispatch stores and the family's op runs it by.
   std::vector<VariantInfo> (*variants)(std::string_view pass);
+  // A stored key and its dtype ("rows=1024,D=256,affine=1", "float32") packed as the family's op
+  // packs the sizes of a call with that key, so the table's winners are found per call. nullopt:
+  // not a key of this family, or a dtype its kernels do not take.
+  std::optional<PackedKey> (*pack_key)(const std::string& key, const std::string& dtype);
 };
+
+// The position of `pass` in family.passes (dispatch counts and looks up winners by it); -1 for none.
+int pass_index(const Family& family, std::string_view pass);
+// The position of variant `name` in family.variants(pass); -1 where this build has no such variant.
+int variant_index(const Family& family, std::string_view pass, std::string_view name);
 
 // Every family hfnn tunes, in the order reports list them.
 std::span<const Family* const> all();

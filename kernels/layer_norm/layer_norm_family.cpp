@@ -46,6 +46,7 @@ std::optional<Key> parse_key(const std::string& text) {
 namespace {
 
 constexpr std::array<std::string_view, 2> kPasses = {"fwd", "bwd"};
+static_assert(kPasses[kFwd] == "fwd" && kPasses[kBwd] == "bwd", "kFwd and kBwd index kPasses");
 
 std::optional<std::string> family_key(const families::RecordedShape& s) {
   const auto key = key_of(s.shape, s.normalized, s.affine);
@@ -79,6 +80,13 @@ std::vector<families::VariantInfo> variants([[maybe_unused]] std::string_view pa
   return out;
 }
 
+std::optional<families::PackedKey> pack_key(const std::string& text, const std::string& dtype_name) {
+  const auto key = parse_key(text);
+  const auto dtype = dtype_from_name(dtype_name);
+  if (!key || !dtype) return std::nullopt;
+  return pack(key->rows, key->cols, *dtype, key->affine);
+}
+
 }  // namespace
 
 const families::Family kFamily = {
@@ -90,6 +98,7 @@ const families::Family kFamily = {
     .key_label = &label,
     .tolerance = &tolerance,
     .variants = &variants,
+    .pack_key = &pack_key,
 };
 
 }  // namespace hfnn::kernels::layer_norm

@@ -1,10 +1,11 @@
-// LayerNorm as a family (kernels/common/family.h): its tuning key and the description the tuner,
-// the database and the reports read.
+// LayerNorm as a family (kernels/common/family.h): its tuning key, its packed form for dispatch and
+// the description the tuner, the database, the reports and the dispatch table read.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "kernels/common/dtype.h"
 #include "kernels/common/family.h"
 
 namespace hfnn::kernels::layer_norm {
@@ -22,6 +23,15 @@ struct Key {
 std::optional<Key> key_of(const std::string& shape, const std::string& normalized, bool affine);
 // The inverse of Key::text(); nullopt for anything else.
 std::optional<Key> parse_key(const std::string& text);
+
+// The passes' positions in kFamily.passes, which the op counts and looks winners up by.
+inline constexpr int kFwd = 0, kBwd = 1;
+
+// The packed key of a problem (families::PackedKey): what the op builds from a call's sizes, and
+// what kFamily.pack_key makes of a stored key and dtype. One function for both, so they agree.
+constexpr families::PackedKey pack(int64_t rows, int64_t cols, DType dtype, bool affine) {
+  return {rows, cols, static_cast<int64_t>(dtype), affine ? 1 : 0, 0, 0};
+}
 
 extern const families::Family kFamily;
 

@@ -44,17 +44,17 @@ def install(path: str) -> dict:
         _fail_or_warn(f"HFNN_DISPATCH_POLICY={policy}: expected torch or heuristic; using torch", strict)
         policy = "torch"
     if not _ops.available:
-        _fail_or_warn(f"HFNN_DISPATCH_DB is set but {_ops.ops_error()}; LayerNorm runs torch's kernels", strict)
+        _fail_or_warn(f"HFNN_DISPATCH_DB is set but {_ops.ops_error()}; every call runs torch's kernels", strict)
         return {"ok": False, "problem": _ops.ops_error()}
     status = json.loads(torch.ops.hfnn.dispatch_load(path, torch.__version__, torch.version.cuda or "", __version__,
                                                      policy, strict))
     if not status["ok"]:
-        _fail_or_warn(f"{status['problem']}; LayerNorm runs torch's kernels", strict)
+        _fail_or_warn(f"{status['problem']}; every call runs torch's kernels", strict)
     for note in status["notes"]:
         _fail_or_warn(note, strict)
     if os.environ.get("HFNN_VERBOSE") == "1":
         if status["ok"]:
-            print(f"hfnn: LayerNorm dispatch from {path}: {status['keys']} tuned key(s) for {', '.join(status['gpus'])}"
+            print(f"hfnn: dispatch from {path}: {status['keys']} tuned key(s) for {', '.join(status['gpus'])}"
                   f"; untuned shapes run {'torch' if policy == 'torch' else 'the built-in choice'}", file=sys.stderr)
         atexit.register(_print_summary)
     return status
@@ -62,37 +62,46 @@ def install(path: str) -> dict:
 
 def _print_summary() -> None:
     stats = dispatch_stats()
-    if any(stats["calls"][p] for p in ("fwd", "bwd")):  # a launcher (torchrun) runs no LayerNorm: stay quiet
+    if _any_calls(stats):  # a launcher (torchrun) runs no op hfnn dispatches: stay quiet
         print(summary(stats), file=sys.stderr)
 
 
+def _any_calls(stats: dict) -> bool:
+    return any(calls for op in stats["ops"].values() for calls in op["calls"].values())
+
+
 def dispatch_stats() -> dict:
-    """What LayerNorm calls ran under HFNN_DISPATCH_DB: {"active", "db", "policy", "strict", "gpus",
-    "keys", "calls": {"fwd"|"bwd": {kernel: n}}, "fallbacks": {"fwd"|"bwd": {reason: n}}}, where
-    "torch" in calls counts every call torch's kernel ran and fallbacks says why."""
+    """What the calls of each kernel family ran under HFNN_DISPATCH_DB: {"active", "db", "policy",
+    "strict", "gpus", "keys", "ops": {op: {"title", "keys", "calls": {pass: {kernel: n}},
+    "fallbacks": {pass: {reason: n}}}}}, every family of the build and every pass of each ("fwd",
+    "bwd" for LayerNorm: stats["ops"]["layer_norm"]["calls"]["fwd"]). "torch" in calls counts every
+    call torch's kernel ran, and fallbacks says why."""
     from . import _ops
 
     if not _ops.available:
-        return {"active": False, "db": "", "calls": {"fwd": {}, "bwd": {}}, "fallbacks": {"fwd": {}, "bwd": {}}}
+        return {"active": False, "db": "", "keys": 0, "ops": {}}
     import torch
 
     return json.loads(torch.ops.hfnn.dispatch_stats())
 
 
+_PASS_TITLES = {"fwd": "forward", "bwd": "backward"}
+
+
 def summary(stats: dict) -> str:
-    """One screen: per pass, the calls per kernel and the fall-backs with their reasons."""
+    """One screen: per family and pass, the calls per kernel and the fall-backs with their reasons."""
     if not stats.get("active"):
-        return "hfnn: LayerNorm dispatch is off (HFNN_DISPATCH_DB not set)"
-    lines = [f"hfnn: LayerNorm dispatch from {stats['db']} ({stats['keys']} tuned key(s); policy {stats['policy']})"]
-    for pass_, title in (("fwd", "forward"), ("bwd", "backward")):
-        calls = stats["calls"][pass_]
-        total = sum(calls.values())
-        if not total:
-            continue
-        ran = ", ".join(f"{name} {n} ({100 * n / total:.0f}%)" for name, n in sorted(calls.items(), key=lambda kv: -kv[1]))
-        lines.append(f"  {title}: {total} calls: {ran}")
-        for reason, n in sorted(stats["fallbacks"][pass_].items(), key=lambda kv: -kv[1]):
-            lines.append(f"    torch because {reason}: {n}")
+        return "hfnn: dispatch is off (HFNN_DISPATCH_DB not set)"
+    lines = [f"hfnn: dispatch from {stats['db']} ({stats['keys']} tuned key(s); policy {stats['policy']})"]
+    for op in stats["ops"].values():
+        for pass_, calls in op["calls"].items():
+            total = sum(calls.values())
+            if not total:
+                continue
+            ran = ", ".join(f"{name} {n} ({100 * n / total:.0f}%)" for name, n in sorted(calls.items(), key=lambda kv: -kv[1]))
+            lines.append(f"  {op['title']} {_PASS_TITLES.get(pass_, pass_)}: {total} calls: {ran}")
+            for reason, n in sorted(op["fallbacks"][pass_].items(), key=lambda kv: -kv[1]):
+                lines.append(f"    torch because {reason}: {n}")
     if len(lines) == 1:
-        lines.append("  no LayerNorm calls")
+        lines.append("  no calls")
     return "\n".join(lines)

@@ -227,7 +227,7 @@ for _ in range(3):
     y.sum().backward()
 torch.testing.assert_close(y, ref(x))
 print("ok")
-print(hfnn.dispatch_stats()["fallbacks"])
+print(hfnn.dispatch_stats()["ops"]["layer_norm"]["fallbacks"])
 """
 
 
