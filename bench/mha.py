@@ -50,13 +50,18 @@ def op_call(m, x, core):
                                                        m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core)
 
 
-def wall(fn, grad, backward, min_round_s):
-    """Median per-call ms over rounds of back-to-back calls, and CPU µs per call."""
+def training_step(fn, grad, backward):
+    """One call as a training loop makes it: forward, and the backward when timing it."""
     def step():
         out = fn()
         if backward:
             out.backward(grad)
+    return step
 
+
+def wall(fn, grad, backward, min_round_s):
+    """Median per-call ms over rounds of back-to-back calls, and CPU µs per call."""
+    step = training_step(fn, grad, backward)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -79,10 +84,7 @@ def wall(fn, grad, backward, min_round_s):
 
 def graphed(fn, grad, backward, params, x):
     """Per-call GPU ms of `calls` steps captured in one CUDA graph, median of replays."""
-    def step():
-        out = fn()
-        if backward:
-            out.backward(grad)
+    step = training_step(fn, grad, backward)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

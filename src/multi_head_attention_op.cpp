@@ -56,7 +56,9 @@ bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::T
   if (!q.is_cuda()) return false;
   const sdp::sdp_params params{q, k, v, std::nullopt, dropout, causal, false};
   switch (core) {
-    case Core::kFlash: return sdp::can_use_flash_attention(params, false);
+    // can_use_flash_attention passes any head size: torch's SDPA pads it to a multiple of 8 before
+    // calling the kernel, which this op (calling the kernel itself) does not.
+    case Core::kFlash: return q.size(-1) % 8 == 0 && sdp::can_use_flash_attention(params, false);
     case Core::kEfficient: return sdp::can_use_mem_efficient_attention(params, false);
     case Core::kCudnn: return sdp::can_use_cudnn_attention(params, false);
     default: return false;
@@ -162,14 +164,21 @@ bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& ke
   const int64_t embed = query.size(2);
   if (embed % num_heads != 0 || key.size(2) != embed || value.size(2) != embed) return false;
   if (*core == Core::kTorch || *core == Core::kMath) return true;
-  // The views the op would build (their geometry from meta tensors), as tensors on the input's
-  // device for torch's checks, which read dtype, sizes, strides and device. Nothing runs.
-  auto view = [&](const at::Tensor& t) {
-    const at::Tensor proj = at::empty({t.size(0), t.size(1), 3 * embed}, t.options().device(at::kMeta));
-    const at::Tensor m = split_heads(proj, 3, num_heads, batch_first)[0];
-    return at::empty_strided(m.sizes(), m.strides(), query.options());
+  // The views the op would build: project() on meta tensors (same identities of query, key and
+  // value, so the same GEMMs and strides), then each view's geometry (sizes, strides, offset) over
+  // device memory of its extent, for torch's checks, which read dtype, sizes, strides, alignment and
+  // device. Nothing runs.
+  auto meta = [](const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kMeta)); };
+  const at::Tensor mq = meta(query);
+  const at::Tensor mk = key.is_same(query) ? mq : meta(key);
+  const at::Tensor mv = value.is_same(key) ? mk : value.is_same(query) ? mq : meta(value);
+  const at::Tensor w = at::empty({3 * embed, embed}, query.options().device(at::kMeta));
+  const Heads h = project(mq, mk, mv, num_heads, w, std::nullopt, batch_first);
+  auto on_device = [&](const at::Tensor& view, const at::Tensor& like) {
+    const int64_t extent = static_cast<int64_t>(view.storage().nbytes()) / view.element_size();
+    return at::empty({extent}, like.options()).as_strided(view.sizes(), view.strides(), view.storage_offset());
   };
-  return core_takes(*core, view(query), view(key), view(value), dropout_p, is_causal);
+  return core_takes(*core, on_device(h.q, query), on_device(h.k, key), on_device(h.v, value), dropout_p, is_causal);
 }
 
 }  // namespace

@@ -35,8 +35,8 @@ class LayerNorm(nn.LayerNorm):
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-# Why a MultiheadAttention call ran torch's module path rather than hfnn's op, counted per reason
-# (hfnn.dispatch_stats() reports them).
+# What MultiheadAttention calls ran: hfnn's op ("hfnn"), or torch's module path, counted per reason.
+# (Not in hfnn.dispatch_stats() yet: attention has no dispatch family until it is tunable.)
 attention_calls: "collections.Counter[str]" = collections.Counter()
 attention_fallbacks: "collections.Counter[str]" = collections.Counter()
 
@@ -72,7 +72,7 @@ class MultiheadAttention(nn.MultiheadAttention):
     What the op takes (batched self- or cross-attention, need_weights=False, no masks but the causal
     hint, no add_bias_kv / add_zero_attn, no kdim / vdim) runs hfnn.multi_head_attention: the input
     projection read in place as Q, K and V, torch's SDPA core, no Python in between. Anything else
-    runs torch's module path, counted with its reason in hfnn.dispatch_stats().
+    runs torch's module path, counted with its reason in hfnn.nn.attention_fallbacks.
     """
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
