@@ -1,35 +1,55 @@
-// hfnn::multi_head_attention: nn.MultiheadAttention's forward (no masks beyond the causal hint, no
-// returned weights) as one C++ op, so a training step pays one Python call a module instead of
-// F.multi_head_attention_forward's checks, reshapes and copies.
+// hfnn::multi_head_attention: nn.MultiheadAttention's forward and backward (no masks beyond the
+// causal hint, no returned weights) as one C++ op, so a training step pays one Python call a module
+// instead of F.multi_head_attention_forward's checks, reshapes and copies, and one autograd node
+// instead of a graph of a dozen.
 //
-// What it does differently from torch's module path:
-//   - the input projection is one GEMM with its bias where query, key and value are one tensor
-//     (self-attention), and its [.., 3E] output is read in place as Q, K and V: strided [B, H, L, Dh]
-//     views, which the fused attention cores take as they are (torch copies Q, K and V into
-//     [B*H, L, Dh] first);
+// Forward:
+//   - the input projection is one GEMM with its bias per distinct input (one for self-attention,
+//     two where key is value), written into a buffer that is then read in place as Q, K and V:
+//     strided [B, H, L, Dh] views, which the fused attention cores take as they are (torch copies Q,
+//     K and V into [B*H, L, Dh] first);
 //   - the core is a named choice among torch's SDPA kernels, called at the ATen level: "sdpa_flash",
-//     "sdpa_efficient", "sdpa_cudnn", "sdpa_math", or "" for torch's own pick
-//     (at::scaled_dot_product_attention): the tuner picks per shape where torch's order is not the
-//     fastest;
-//   - the output projection reads the core's output in place where its layout is [B, L, H, Dh]
-//     (flash and efficient write that), instead of permuting it into a contiguous copy.
-// It is CompositeImplicitAutograd: autograd differentiates the ATen ops it calls (their backward
-// kernels are torch's, in C++), and autocast applies to each of them as in torch's module.
+//     "sdpa_efficient", "sdpa_cudnn", "sdpa_math", or "" for torch's own pick (the backend
+//     at::_fused_sdp_choice names for these views, as at::scaled_dot_product_attention would):
+//     the tuner picks per shape where torch's order is not the fastest;
+//   - the output projection reads the core's output in place where its layout allows.
+// Backward (one autograd node, MhaFunction, for the fused cores: flash, efficient, cuDNN, and
+// flash's CPU kernel): the output projection's dW, db and d(core output) in the layout the core
+// wrote; the core's backward at the ATen level; then per input projection dW and db over the
+// packed [N, parts*E] gradient where the core wrote dQ, dK and dV packed, else a GEMM per part
+// into its rows of dW (no copy), and dx one GEMM (or a chain of accumulating ones).
+// The GEMMs go through hfnn's cuBLASLt wrapper (kernels/common/gemm.h: the algorithm cached per
+// shape, so no heuristic query per call), the bias gradients as GEMVs against a vector of ones.
+// The math core (and torch's pick where that is math) runs as a composite of ATen ops instead, which
+// autograd differentiates op by op.
+// Autocast: the op casts its floating inputs to the autocast dtype once (weights through autocast's
+// cache, as F.linear would), and computes in that dtype, as torch's module does under autocast.
 #include <ATen/ATen.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #if HFNN_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/native/transformers/cuda/sdp_utils.h>
+
+#include "kernels/common/gemm.h"
 #endif
 
 namespace hfnn::attention {
 namespace {
 
-enum class Core { kTorch, kFlash, kEfficient, kCudnn, kMath };
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+enum class Core : int64_t { kTorch, kFlash, kEfficient, kCudnn, kMath };
 
 std::optional<Core> parse_core(std::string_view name) {
   if (name.empty()) return Core::kTorch;
@@ -47,11 +67,17 @@ Core core_or_throw(std::string_view name) {
   return *core;
 }
 
+// torch's SDPA backend numbering (at::_fused_sdp_choice, sdp::SDPBackend).
+constexpr int64_t kSdpFlash = 1, kSdpEfficient = 2, kSdpCudnn = 3;
+
 // Whether `core` runs these [B, H, L, Dh] views: torch's own checks for its fused kernels (dtype,
-// head size, GPU, strides, the user's torch.backends.cuda.enable_*_sdp switches).
+// head size, GPU, strides, the user's torch.backends.cuda.enable_*_sdp switches). On the CPU, flash
+// is torch's CPU flash kernel, taken where torch's CPU selection would take it.
 bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
                 bool causal) {
   if (core == Core::kTorch || core == Core::kMath) return true;
+  if (q.device().is_cpu())
+    return core == Core::kFlash && at::_fused_sdp_choice(q, k, v, std::nullopt, dropout, causal) == kSdpFlash;
 #if HFNN_TORCH_CUDA
   if (!q.is_cuda()) return false;
   const sdp::sdp_params params{q, k, v, std::nullopt, dropout, causal, false};
@@ -64,40 +90,392 @@ bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::T
     default: return false;
   }
 #else
-  (void)q, (void)k, (void)v, (void)dropout, (void)causal;
   return false;
 #endif
 }
 
-at::Tensor run_core(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
-                    bool causal) {
-  // The fused kernels save the log-sum-exp only where a backward will need it, as torch's SDPA does.
-  const bool lse = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  switch (core) {
-    case Core::kFlash: return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, dropout, causal));
-    case Core::kEfficient:
-      return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, lse, dropout, causal));
-    case Core::kCudnn:
-      return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, lse, dropout, causal));
-    case Core::kMath: return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, std::nullopt, dropout, causal));
-    case Core::kTorch: break;
+// The core that runs: a named one as it is; torch's pick resolved to the backend torch's SDPA would
+// run on these views, kTorch (the composite through at::scaled_dot_product_attention) where that is
+// the math path or a flash call torch would pad.
+Core resolve(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout, bool causal) {
+  if (core != Core::kTorch) return core;
+  switch (at::_fused_sdp_choice(q, k, v, std::nullopt, dropout, causal)) {
+    case kSdpFlash: return q.device().is_cpu() || q.size(-1) % 8 == 0 ? Core::kFlash : Core::kTorch;
+    case kSdpEfficient: return Core::kEfficient;
+    case kSdpCudnn: return Core::kCudnn;
+    default: return Core::kTorch;
   }
-  return at::scaled_dot_product_attention(q, k, v, std::nullopt, dropout, causal);
 }
 
-// [L, B, n*E] (or [B, L, n*E] with batch_first) -> n views [B, H, L, Dh], no copy.
+bool has_node(Core core) { return core == Core::kFlash || core == Core::kEfficient || core == Core::kCudnn; }
+
+// What a fused core's backward needs besides Q, K, V and dO.
+struct CoreOut {
+  at::Tensor o, lse, seed, offset, cum_q, cum_k;
+  int64_t max_q = 0, max_k = 0;
+};
+
+CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
+                     bool causal, bool lse) {
+  CoreOut r;
+  switch (core) {
+    case Core::kFlash:
+      if (q.device().is_cpu()) {
+        std::tie(r.o, r.lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal);
+      } else {
+        auto t = at::_scaled_dot_product_flash_attention(q, k, v, dropout, causal, false);
+        r.o = std::get<0>(t), r.lse = std::get<1>(t), r.cum_q = std::get<2>(t), r.cum_k = std::get<3>(t);
+        r.max_q = std::get<4>(t).expect_int(), r.max_k = std::get<5>(t).expect_int();
+        r.seed = std::get<6>(t), r.offset = std::get<7>(t);
+      }
+      break;
+    case Core::kEfficient: {
+      auto t = at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, lse, dropout, causal);
+      r.o = std::get<0>(t), r.lse = std::get<1>(t), r.seed = std::get<2>(t), r.offset = std::get<3>(t);
+      break;
+    }
+    case Core::kCudnn: {
+      auto t = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, lse, dropout, causal, false);
+      r.o = std::get<0>(t), r.lse = std::get<1>(t), r.cum_q = std::get<2>(t), r.cum_k = std::get<3>(t);
+      r.max_q = std::get<4>(t).expect_int(), r.max_k = std::get<5>(t).expect_int();
+      r.seed = std::get<6>(t), r.offset = std::get<7>(t);
+      break;
+    }
+    case Core::kMath: r.o = std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, std::nullopt, dropout, causal)); break;
+    case Core::kTorch: r.o = at::scaled_dot_product_attention(q, k, v, std::nullopt, dropout, causal); break;
+  }
+  return r;
+}
+
+std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::Tensor& dout, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v, double dropout, bool causal) {
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> g;
+  switch (core) {
+    case Core::kFlash:
+      g = q.device().is_cpu()
+              ? at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, c.o, c.lse, dropout, causal)
+              : at::_scaled_dot_product_flash_attention_backward(dout, q, k, v, c.o, c.lse, c.cum_q, c.cum_k, c.max_q,
+                                                                 c.max_k, dropout, causal, c.seed, c.offset);
+      break;
+    case Core::kEfficient: {
+      auto t = at::_scaled_dot_product_efficient_attention_backward(dout, q, k, v, at::Tensor(), c.o, c.lse, c.seed,
+                                                                    c.offset, dropout, {true, true, true, false}, causal);
+      g = {std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+      break;
+    }
+    case Core::kCudnn:
+      g = at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, c.o, c.lse, c.seed, c.offset, at::Tensor(),
+                                                           c.cum_q, c.cum_k, c.max_q, c.max_k, dropout, causal);
+      break;
+    default: TORCH_CHECK(false, "hfnn.multi_head_attention: no fused backward for this core (internal error)");
+  }
+  return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
+}
+
+
+// ---- GEMMs ------------------------------------------------------------------------------------------
+// D = op(A) op(B) (+ bias on every row) (+ beta D) through hfnn's cuBLASLt path (kernels/common/gemm.h:
+// the algorithm cached per shape) on CUDA tensors of fp32/fp16/bf16 whose rows are contiguous;
+// through torch's ops otherwise. `d` is written in place.
+bool matrix_ok(const at::Tensor& t) {
+  return t.dim() == 2 && t.size(0) > 0 && t.size(1) > 0 && t.stride(1) == 1 && (t.size(0) == 1 || t.stride(0) >= t.size(1));
+}
+
+int64_t ld_of(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
+
+#if HFNN_TORCH_CUDA
+constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
+
+std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return kernels::DType::kFloat32;
+    case at::kHalf: return kernels::DType::kFloat16;
+    case at::kBFloat16: return kernels::DType::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+#endif
+
+void gemm(at::Tensor& d, const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, float beta = 0.0f,
+          const at::Tensor& bias = {}) {
+#if HFNN_TORCH_CUDA
+  const auto dtype = lt_dtype(d.scalar_type());
+  const bool same = a.scalar_type() == d.scalar_type() && b.scalar_type() == d.scalar_type() &&
+                    (!bias.defined() || (bias.scalar_type() == d.scalar_type() && bias.is_contiguous()));
+  if (d.is_cuda() && dtype && same && matrix_ok(d) && matrix_ok(a) && matrix_ok(b) && (beta == 0.0f || !bias.defined())) {
+    kernels::gemm::Params p;
+    p.dtype = *dtype;
+    p.tf32 = at::globalContext().allowTF32CuBLAS();
+    p.m = d.size(0), p.n = d.size(1), p.k = trans_a ? a.size(0) : a.size(1);
+    p.a = a.data_ptr(), p.lda = ld_of(a), p.trans_a = trans_a;
+    p.b = b.data_ptr(), p.ldb = ld_of(b), p.trans_b = trans_b;
+    p.d = d.data_ptr(), p.ldd = ld_of(d), p.beta = beta;
+    p.bias = bias.defined() ? bias.data_ptr() : nullptr;
+    p.workspace = at::cuda::getCUDABlasLtWorkspace();
+    p.workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
+    // cuBLASLt splits k (a dW's sum over tokens) only with room for the partial products: with
+    // torch's 1 MiB Lt workspace its heuristic picked an unsplit kernel for [512 x 320,000] x
+    // [320,000 x 512] that took 2.5x as long. A block from the caching allocator, per call.
+    at::Tensor ws;
+    if (p.workspace_size < kLtWorkspace) {
+      ws = at::empty({static_cast<int64_t>(kLtWorkspace)}, d.options().dtype(at::kByte));
+      p.workspace = ws.data_ptr(), p.workspace_size = kLtWorkspace;
+    }
+    const auto r = kernels::gemm::run(p, at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(r.status != kernels::gemm::Status::kError, "hfnn.multi_head_attention: ", r.message);
+    if (r.status == kernels::gemm::Status::kOk) return;
+  }
+#endif
+  const at::Tensor opa = trans_a ? a.t() : a, opb = trans_b ? b.t() : b;
+  if (bias.defined())
+    at::addmm_out(d, bias, opa, opb);
+  else if (beta != 0.0f)
+    d.addmm_(opa, opb, beta, 1.0);
+  else
+    at::mm_out(d, opa, opb);
+}
+
+// A linear layer's bias gradient: the column sums of g [tokens, n] into db [n]. On the GPU as a
+// GEMV against a vector of ones (`ones`, [tokens, 1], made once per backward), which reads g at
+// cuBLAS's bandwidth; torch's column reduction was 1.3-1.7x slower on these shapes.
+void bias_grad(at::Tensor& db, const at::Tensor& g, const at::Tensor& ones) {
+  if (ones.defined() && matrix_ok(g)) {
+    at::Tensor d = db.view({-1, 1});
+    gemm(d, g, true, ones, false);
+    return;
+  }
+  at::sum_out(db, g, {0});
+}
+
+at::Tensor ones_for(const at::Tensor& g) {
+  return g.is_cuda() ? at::ones({g.size(0), 1}, g.options()) : at::Tensor();
+}
+
+// ---- the input projection ------------------------------------------------------------------------
+// One GEMM per distinct input: rows [row0, row0 + parts * E) of in_proj_weight applied to input
+// `input` (0 query, 1 key, 2 value), written to a [d0, d1, parts * E] buffer.
+struct Group {
+  int input;
+  int64_t row0, parts;
+};
+
+struct Plan {
+  std::vector<Group> groups;
+  std::vector<at::Tensor> bufs;  // per group, [d0, d1, parts * E]
+  at::Tensor q, k, v;            // [B, H, L, Dh] views into bufs
+};
+
+// [d0, d1, n*E] -> n views [B, H, L, Dh], no copy.
 std::vector<at::Tensor> split_heads(const at::Tensor& proj, int64_t parts, int64_t heads, bool batch_first) {
   const int64_t d0 = proj.size(0), d1 = proj.size(1);
   const int64_t head_dim = proj.size(2) / parts / heads;
-  // unbind, not one select a part: its backward stacks the parts' gradients into one packed
-  // [.., parts, H, Dh] buffer, where each select's would be a zero-filled full-size buffer, summed.
   std::vector<at::Tensor> out = proj.view({d0, d1, parts, heads, head_dim}).unbind(2);  // [d0, d1, H, Dh] each
   for (at::Tensor& t : out) t = batch_first ? t.transpose(1, 2) : t.permute({1, 2, 0, 3});
   return out;
 }
 
-struct Heads {
-  at::Tensor q, k, v;
+std::vector<Group> groups_of(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed) {
+  if (query.is_same(key) && key.is_same(value)) return {{0, 0, 3}};           // self-attention
+  if (key.is_same(value)) return {{0, 0, 1}, {1, embed, 2}};                  // encoder-decoder: K and V
+  return {{0, 0, 1}, {1, embed, 1}, {2, 2 * embed, 1}};
+}
+
+// The buffers (uninitialized) and their views: the real geometry, for choosing a core before any
+// GEMM runs.
+Plan plan(const std::array<const at::Tensor*, 3>& in, int64_t heads, bool batch_first, const at::TensorOptions& opt) {
+  Plan p;
+  const int64_t embed = in[0]->size(2);
+  p.groups = groups_of(*in[0], *in[1], *in[2], embed);
+  std::vector<at::Tensor> views;
+  for (const Group& g : p.groups) {
+    const at::Tensor& x = *in[g.input];
+    p.bufs.push_back(at::empty({x.size(0), x.size(1), g.parts * embed}, opt));
+    for (at::Tensor& t : split_heads(p.bufs.back(), g.parts, heads, batch_first)) views.push_back(std::move(t));
+  }
+  p.q = views[0], p.k = views[1], p.v = views[2];
+  return p;
+}
+
+void project(const Plan& p, const std::array<const at::Tensor*, 3>& in, const at::Tensor& w, const at::Tensor& b) {
+  const int64_t embed = w.size(1);
+  for (std::size_t i = 0; i < p.groups.size(); ++i) {
+    const Group& g = p.groups[i];
+    const at::Tensor x = in[g.input]->reshape({-1, embed});
+    at::Tensor out = p.bufs[i].view({-1, g.parts * embed});
+    gemm(out, x, false, w.narrow(0, g.row0, g.parts * embed), true, 0.0f,
+         b.defined() ? b.narrow(0, g.row0, g.parts * embed) : at::Tensor());
+  }
+}
+
+// The core's [B, H, L, Dh] output as the output projection's [d0, d1, E] input (token order of the
+// op's input): a view where the core wrote [B, L, H, Dh] (batch_first) or [L, B, H, Dh], else a copy.
+at::Tensor merge_heads(const at::Tensor& o, bool batch_first) {
+  const int64_t embed = o.size(1) * o.size(3);
+  return batch_first ? o.transpose(1, 2).reshape({o.size(0), o.size(2), embed})
+                     : o.permute({2, 0, 1, 3}).reshape({o.size(2), o.size(0), embed});
+}
+
+// A [B, H, L, Dh] gradient as the [N, E] matrix of its tokens in the input's order, a view where
+// its strides allow one.
+std::optional<at::Tensor> token_matrix(const at::Tensor& t, bool batch_first) {
+  const at::Tensor tok = batch_first ? t.transpose(1, 2) : t.permute({2, 0, 1, 3});  // [d0, d1, H, Dh]
+  const std::vector<int64_t> shape{tok.size(0) * tok.size(1), tok.size(2) * tok.size(3)};
+  const auto strides = at::detail::computeStride(tok.sizes(), tok.strides(), at::IntArrayRef(shape));
+  if (!strides) return std::nullopt;
+  return tok.as_strided(shape, *strides);
+}
+
+// One input projection's backward, from the core's gradients of its parts: rows of dW and db, and
+// the input's gradient (added into dx where it is defined already).
+void project_backward(const Group& g, const std::vector<at::Tensor>& parts, bool batch_first, const at::Tensor& x,
+                      const at::Tensor& w, const at::Tensor& ones, at::Tensor* dx, at::Tensor* dw, at::Tensor* db) {
+  const int64_t embed = w.size(1), rows = g.parts * embed;
+  std::vector<at::Tensor> m;
+  for (const at::Tensor& t : parts) {
+    auto tm = token_matrix(t, batch_first);
+    if (!tm) break;
+    m.push_back(*tm);
+  }
+  const bool views = m.size() == parts.size();
+  bool packed = views;
+  for (std::size_t i = 1; packed && i < m.size(); ++i)
+    packed = m[i].storage().is_alias_of(m[0].storage()) && m[i].stride(0) == m[0].stride(0) && m[i].stride(1) == 1 &&
+             m[i].storage_offset() == m[0].storage_offset() + static_cast<int64_t>(i) * embed;
+  if (packed && m.size() > 1 && (m[0].stride(1) != 1 || m[0].stride(0) < rows)) packed = false;
+  if (!views) {  // not expressible as token matrices (seq-first cores that wrote [B, L, H, Dh]): one packed copy
+    const at::Tensor& t0 = parts[0];
+    const int64_t d0 = batch_first ? t0.size(0) : t0.size(2), d1 = batch_first ? t0.size(2) : t0.size(0);
+    at::Tensor buf = at::empty({d0, d1, g.parts, t0.size(1), t0.size(3)}, t0.options());
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      buf.select(2, static_cast<int64_t>(i)).copy_(batch_first ? parts[i].transpose(1, 2) : parts[i].permute({2, 0, 1, 3}));
+    m = {buf.view({d0 * d1, rows})};
+    packed = true;
+  } else if (packed && m.size() > 1) {
+    m = {m[0].as_strided({m[0].size(0), rows}, {m[0].stride(0), 1})};
+  }
+  const at::Tensor x2 = x.reshape({-1, embed});
+  // m: one [N, rows] matrix (packed) or one [N, E] matrix per part.
+  const int64_t step = static_cast<int64_t>(rows / static_cast<int64_t>(m.size()));
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const int64_t r0 = g.row0 + static_cast<int64_t>(i) * step;
+    if (dw) {
+      at::Tensor rows_of_dw = dw->narrow(0, r0, step);
+      gemm(rows_of_dw, m[i], true, x2, false);
+    }
+    if (db) {
+      at::Tensor rows_of_db = db->narrow(0, r0, step);
+      bias_grad(rows_of_db, m[i], ones);
+    }
+    if (dx) {
+      const bool first = !dx->defined();
+      if (first) *dx = at::empty({m[i].size(0), embed}, m[i].options());
+      gemm(*dx, m[i], false, w.narrow(0, r0, step), false, first ? 0.0f : 1.0f);
+    }
+  }
+}
+
+// ---- the op ---------------------------------------------------------------------------------------
+
+struct Forward {
+  at::Tensor y, merged;
+  CoreOut core;
+};
+
+// The forward of every core, on inputs already in the compute dtype; `p` planned for them.
+Forward run_forward(const Plan& p, const std::array<const at::Tensor*, 3>& in, const at::Tensor& in_w,
+                const at::Tensor& in_b, const at::Tensor& out_w, const at::Tensor& out_b, Core core, bool batch_first,
+                bool causal, double dropout, bool lse) {
+  Forward f;
+  project(p, in, in_w, in_b);
+  f.core = core_forward(core, p.q, p.k, p.v, dropout, causal, lse);
+  f.merged = merge_heads(f.core.o, batch_first);
+  const int64_t embed = out_w.size(0);
+  at::Tensor y = at::empty({f.merged.size(0) * f.merged.size(1), embed}, f.merged.options());
+  gemm(y, f.merged.reshape({-1, embed}), false, out_w, true, 0.0f, out_b);
+  f.y = y.view({f.merged.size(0), f.merged.size(1), embed});
+  return f;
+}
+
+// Autograd's one node for a call with a fused core. Inputs 0-6: query, key, value, in_proj_weight,
+// in_proj_bias, out_proj_weight, out_proj_bias (biases may be undefined); the rest are settings.
+class MhaFunction : public torch::autograd::Function<MhaFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
+                            const at::Tensor& value, const at::Tensor& in_w, const std::optional<at::Tensor>& in_b,
+                            const at::Tensor& out_w, const std::optional<at::Tensor>& out_b, const Plan& p, Core core,
+                            bool batch_first, bool causal, double dropout) {
+    const std::array<const at::Tensor*, 3> in{&query, &key, &value};
+    Forward f = run_forward(p, in, in_w, in_b.value_or(at::Tensor()), out_w, out_b.value_or(at::Tensor()), core,
+                            batch_first, causal, dropout, true);
+    const CoreOut& c = f.core;
+    ctx->save_for_backward({query, key, value, in_w, out_w, p.q, p.k, p.v, c.o, c.lse, c.seed, c.offset, c.cum_q,
+                            c.cum_k, f.merged});
+    ctx->saved_data["core"] = static_cast<int64_t>(core);
+    ctx->saved_data["batch_first"] = batch_first;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["dropout"] = dropout;
+    ctx->saved_data["max_q"] = c.max_q;
+    ctx->saved_data["max_k"] = c.max_k;
+    ctx->saved_data["has_in_b"] = in_b.has_value() && in_b->defined();
+    ctx->saved_data["has_out_b"] = out_b.has_value() && out_b->defined();
+    return f.y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &in_w = s[3], &out_w = s[4], &q = s[5], &k = s[6], &v = s[7];
+    CoreOut c{s[8], s[9], s[10], s[11], s[12], s[13], ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt()};
+    const at::Tensor& merged = s[14];
+    const auto core = static_cast<Core>(ctx->saved_data["core"].toInt());
+    const bool batch_first = ctx->saved_data["batch_first"].toBool(), causal = ctx->saved_data["causal"].toBool();
+    const double dropout = ctx->saved_data["dropout"].toDouble();
+    const int64_t embed = out_w.size(0);
+    // needs_input_grad counts the tensor inputs given (an absent bias is no input), the list
+    // returned counts every argument.
+    const bool has_in_b = ctx->saved_data["has_in_b"].toBool(), has_out_b = ctx->saved_data["has_out_b"].toBool();
+    auto need = [&](int arg) {
+      if ((arg == 4 && !has_in_b) || (arg == 6 && !has_out_b)) return false;
+      const int edge = arg - (arg > 4 && !has_in_b ? 1 : 0);
+      return ctx->needs_input_grad(static_cast<std::size_t>(edge));
+    };
+
+    const at::Tensor gy = grads[0].reshape({-1, embed});
+    variable_list out(12);
+    const at::Tensor ones = need(4) || need(6) ? ones_for(gy) : at::Tensor();
+    if (need(5)) {
+      out[5] = at::empty({embed, embed}, gy.options());
+      gemm(out[5], gy, true, merged.reshape({-1, embed}), false);
+    }
+    if (need(6)) {
+      out[6] = at::empty({embed}, gy.options());
+      bias_grad(out[6], gy, ones);
+    }
+    if (!(need(0) || need(1) || need(2) || need(3) || need(4)))
+      return out;
+    // d(core output) in the token order of the input, as the [B, H, L, Dh] view the core takes.
+    at::Tensor dm = at::empty({gy.size(0), embed}, gy.options());
+    gemm(dm, gy, false, out_w, false);
+    const int64_t heads = q.size(1), head_dim = q.size(3);
+    const at::Tensor dout = batch_first ? dm.view({q.size(0), q.size(2), heads, head_dim}).transpose(1, 2)
+                                        : dm.view({q.size(2), q.size(0), heads, head_dim}).permute({1, 2, 0, 3});
+    const auto d = core_backward(core, c, dout, q, k, v, dropout, causal);
+
+    const std::array<const at::Tensor*, 3> in{&s[0], &s[1], &s[2]};
+    at::Tensor dw = need(3) ? at::empty_like(in_w) : at::Tensor();
+    at::Tensor db = need(4) ? at::empty({in_w.size(0)}, in_w.options()) : at::Tensor();
+    std::size_t part = 0;
+    for (const Group& g : groups_of(s[0], s[1], s[2], embed)) {
+      const std::vector<at::Tensor> parts(d.begin() + static_cast<std::ptrdiff_t>(part),
+                                          d.begin() + static_cast<std::ptrdiff_t>(part + g.parts));
+      part += static_cast<std::size_t>(g.parts);
+      at::Tensor dx;
+      project_backward(g, parts, batch_first, *in[g.input], in_w, ones, need(g.input) ? &dx : nullptr,
+                       dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr);
+      if (dx.defined()) out[g.input] = dx.view(in[g.input]->sizes());
+    }
+    out[3] = dw, out[4] = db;
+    return out;
+  }
 };
 
 void check_inputs(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t heads,
@@ -113,28 +491,28 @@ void check_inputs(const at::Tensor& query, const at::Tensor& key, const at::Tens
               " (kdim/vdim run torch's module path)");
   TORCH_CHECK(in_w.dim() == 2 && in_w.size(0) == 3 * embed && in_w.size(1) == embed,
               "hfnn.multi_head_attention: in_proj_weight must be [3 * embed_dim, embed_dim]");
+  TORCH_CHECK(key.size(1) == value.size(1) && key.size(0) == value.size(0),
+              "hfnn.multi_head_attention: key and value must have the same batch and length");
 }
 
-Heads project(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t heads,
-              const at::Tensor& in_w, const std::optional<at::Tensor>& in_b, bool batch_first) {
-  const int64_t embed = query.size(2);
-  if (query.is_same(key) && key.is_same(value)) {  // self-attention: one GEMM, read in place
-    const auto qkv = split_heads(at::linear(query, in_w, in_b), 3, heads, batch_first);
-    return {qkv[0], qkv[1], qkv[2]};
+// The composite path (the math core, or torch's pick where that is math): ATen ops that autograd
+// differentiates one by one, and autocast casts one by one.
+at::Tensor composite(const std::array<const at::Tensor*, 3>& in, int64_t heads, const at::Tensor& in_w,
+                     const std::optional<at::Tensor>& in_b, const at::Tensor& out_w,
+                     const std::optional<at::Tensor>& out_b, Core core, bool batch_first, bool causal,
+                     double dropout) {
+  const int64_t embed = in[0]->size(2);
+  std::vector<at::Tensor> views;
+  for (const Group& g : groups_of(*in[0], *in[1], *in[2], embed)) {
+    const at::Tensor w = in_w.narrow(0, g.row0, g.parts * embed);
+    const std::optional<at::Tensor> b =
+        in_b ? std::optional<at::Tensor>(in_b->narrow(0, g.row0, g.parts * embed)) : std::nullopt;
+    // unbind (in split_heads), not a select a part: its backward stacks the parts' gradients into
+    // one packed buffer, where each select's would be a zero-filled full-size buffer, summed.
+    for (at::Tensor& t : split_heads(at::linear(*in[g.input], w, b), g.parts, heads, batch_first)) views.push_back(t);
   }
-  const auto w = in_w.split(embed);
-  std::vector<at::Tensor> b;
-  if (in_b) b = in_b->split(embed);
-  auto bias = [&](int64_t i) { return in_b ? std::optional<at::Tensor>(b[i]) : std::nullopt; };
-  const at::Tensor q = split_heads(at::linear(query, w[0], bias(0)), 1, heads, batch_first)[0];
-  if (key.is_same(value)) {  // encoder-decoder attention: K and V from one GEMM
-    const at::Tensor w_kv = in_w.narrow(0, embed, 2 * embed);
-    const std::optional<at::Tensor> b_kv = in_b ? std::optional<at::Tensor>(in_b->narrow(0, embed, 2 * embed)) : std::nullopt;
-    const auto kv = split_heads(at::linear(key, w_kv, b_kv), 2, heads, batch_first);
-    return {q, kv[0], kv[1]};
-  }
-  return {q, split_heads(at::linear(key, w[1], bias(1)), 1, heads, batch_first)[0],
-          split_heads(at::linear(value, w[2], bias(2)), 1, heads, batch_first)[0]};
+  const at::Tensor o = core_forward(core, views[0], views[1], views[2], dropout, causal, false).o;
+  return at::linear(merge_heads(o, batch_first), out_w, out_b);
 }
 
 at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -142,18 +520,34 @@ at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, 
                                 const std::optional<at::Tensor>& in_proj_bias, const at::Tensor& out_proj_weight,
                                 const std::optional<at::Tensor>& out_proj_bias, bool batch_first, bool is_causal,
                                 double dropout_p, c10::string_view core_name) {
-  const Core core = core_or_throw(std::string_view(core_name.data(), core_name.size()));
+  const Core named = core_or_throw(std::string_view(core_name.data(), core_name.size()));
   check_inputs(query, key, value, num_heads, in_proj_weight);
-  const Heads h = project(query, key, value, num_heads, in_proj_weight, in_proj_bias, batch_first);
-  TORCH_CHECK(core_takes(core, h.q, h.k, h.v, dropout_p, is_causal), "hfnn.multi_head_attention: core ",
-              std::string(core_name), " does not take this input (dtype ", query.scalar_type(), ", head size ",
-              h.q.size(3), ", ", query.device(), "); hfnn.multi_head_attention_supports says which do");
-  const at::Tensor o = run_core(core, h.q, h.k, h.v, dropout_p, is_causal);  // [B, H, L, Dh]
-  const int64_t embed = query.size(2);
-  // Back to the input's layout; a view where the core wrote [B, L, H, Dh] (batch_first).
-  const at::Tensor merged = batch_first ? o.transpose(1, 2).reshape({o.size(0), o.size(2), embed})
-                                        : o.permute({2, 0, 1, 3}).reshape({o.size(2), o.size(0), embed});
-  return at::linear(merged, out_proj_weight, out_proj_bias);
+  // Autocast: cast once, keeping which of query, key and value are the same tensor.
+  const c10::DeviceType device = query.device().type();
+  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
+  auto cast = [&](const at::Tensor& t) { return autocast && t.defined() ? at::autocast::cached_cast(dtype, t, device) : t; };
+  const at::Tensor cq = cast(query);
+  const at::Tensor ck = key.is_same(query) ? cq : cast(key);
+  const at::Tensor cv = value.is_same(key) ? ck : value.is_same(query) ? cq : cast(value);
+  const at::Tensor in_w = cast(in_proj_weight), out_w = cast(out_proj_weight);
+  const at::Tensor in_b = cast(in_proj_bias.value_or(at::Tensor())), out_b = cast(out_proj_bias.value_or(at::Tensor()));
+  const std::array<const at::Tensor*, 3> in{&cq, &ck, &cv};
+
+  const Plan p = plan(in, num_heads, batch_first, cq.options().dtype(in_w.scalar_type()));
+  TORCH_CHECK(core_takes(named, p.q, p.k, p.v, dropout_p, is_causal), "hfnn.multi_head_attention: core ",
+              std::string(core_name), " does not take this input (dtype ", p.q.scalar_type(), ", head size ",
+              p.q.size(3), ", ", query.device(), "); hfnn.multi_head_attention_supports says which do");
+  const Core core = resolve(named, p.q, p.k, p.v, dropout_p, is_causal);
+  auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+  if (!has_node(core)) {
+    return composite(in, num_heads, in_w, opt(in_b), out_w, opt(out_b), core, batch_first, is_causal, dropout_p);
+  }
+  bool grad = false;
+  if (at::GradMode::is_enabled())
+    for (const at::Tensor* t : {&cq, &ck, &cv, &in_w, &in_b, &out_w, &out_b}) grad = grad || (t->defined() && t->requires_grad());
+  if (!grad) return run_forward(p, in, in_w, in_b, out_w, out_b, core, batch_first, is_causal, dropout_p, false).y;
+  return MhaFunction::apply(cq, ck, cv, in_w, opt(in_b), out_w, opt(out_b), p, core, batch_first, is_causal, dropout_p);
 }
 
 bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -164,21 +558,20 @@ bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& ke
   const int64_t embed = query.size(2);
   if (embed % num_heads != 0 || key.size(2) != embed || value.size(2) != embed) return false;
   if (*core == Core::kTorch || *core == Core::kMath) return true;
-  // The views the op would build: project() on meta tensors (same identities of query, key and
-  // value, so the same GEMMs and strides), then each view's geometry (sizes, strides, offset) over
-  // device memory of its extent, for torch's checks, which read dtype, sizes, strides, alignment and
+  // The views the op would build: plan() on meta tensors (same identities of query, key and value,
+  // so the same GEMMs and strides), then each view's geometry (sizes, strides, offset) over device
+  // memory of its extent, for torch's checks, which read dtype, sizes, strides, alignment and
   // device. Nothing runs.
   auto meta = [](const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kMeta)); };
   const at::Tensor mq = meta(query);
   const at::Tensor mk = key.is_same(query) ? mq : meta(key);
   const at::Tensor mv = value.is_same(key) ? mk : value.is_same(query) ? mq : meta(value);
-  const at::Tensor w = at::empty({3 * embed, embed}, query.options().device(at::kMeta));
-  const Heads h = project(mq, mk, mv, num_heads, w, std::nullopt, batch_first);
+  const Plan p = plan({&mq, &mk, &mv}, num_heads, batch_first, mq.options());
   auto on_device = [&](const at::Tensor& view, const at::Tensor& like) {
     const int64_t extent = static_cast<int64_t>(view.storage().nbytes()) / view.element_size();
     return at::empty({extent}, like.options()).as_strided(view.sizes(), view.strides(), view.storage_offset());
   };
-  return core_takes(*core, on_device(h.q, query), on_device(h.k, key), on_device(h.v, value), dropout_p, is_causal);
+  return core_takes(*core, on_device(p.q, query), on_device(p.k, key), on_device(p.v, value), dropout_p, is_causal);
 }
 
 }  // namespace

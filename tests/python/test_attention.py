@@ -94,6 +94,74 @@ def test_the_op_with_the_math_core_equals_torchs_choice_on_cpu():
                                torch.ops.hfnn.multi_head_attention(*args, ""), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode,batch_first,bias", list(itertools.product(["self", "kv", "cross"], [True, False],
+                                                                          [True, False])))
+@pytest.mark.parametrize("core", ["sdpa_flash", "sdpa_math"])
+def test_cpu_float64_each_core_and_its_autograd(core, mode, batch_first, bias):
+    """sdpa_flash (torch's CPU flash kernel) runs the op's own autograd node, one for the whole call;
+    sdpa_math the composite of ATen ops. Both equal torch's module, gradients included."""
+    embed, heads, batch, length, kv_length = 24, 3, 3, 6, 4
+    ref, _ = pair(embed, heads, batch_first, bias)
+    q, k, v = inputs(mode, batch, length, kv_length, embed, batch_first)
+    grad = torch.randn_like(ref(q, k, v, need_weights=False)[0])
+    out_ref, _, grads_ref = run(ref, q, k, v, grad, need_weights=False)
+    out = torch.ops.hfnn.multi_head_attention(q, k, v, heads, ref.in_proj_weight, ref.in_proj_bias,
+                                              ref.out_proj.weight, ref.out_proj.bias, batch_first, False, 0.0, core)
+    assert ("MhaFunction" in out.grad_fn.name()) == (core == "sdpa_flash"), out.grad_fn.name()
+    leaves = list(dict.fromkeys([q, k, v])) + list(ref.parameters())
+    grads = torch.autograd.grad(out, leaves, grad)
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("frozen", ["weights", "in_proj", "out_proj", "input", "biases"])
+def test_cpu_node_computes_only_the_gradients_asked_for(frozen):
+    ref, ours = pair(16, 4, True)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=frozen != "input")
+    for name, p in ours.named_parameters():
+        p.requires_grad_(not ((frozen == "weights" and "weight" in name) or (frozen == "biases" and "bias" in name)
+                              or (frozen == "in_proj" and name.startswith("in_proj"))
+                              or (frozen == "out_proj" and name.startswith("out_proj"))))
+    grad = torch.randn(2, 7, 16, dtype=torch.float64)
+    out = ours(x, x, x, need_weights=False)[0]
+    assert "MhaFunction" in out.grad_fn.name()
+    out.backward(grad)
+    x_ref = x.detach().clone().requires_grad_(x.requires_grad)
+    ref(x_ref, x_ref, x_ref, need_weights=False)[0].backward(grad)
+    for (name, p), p_ref in zip(ours.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (not p.requires_grad), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-11, atol=1e-11)
+    if x.requires_grad:
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-11, atol=1e-11)
+
+
+def test_cpu_autocast_bfloat16_computes_as_torchs_module_does():
+    ref, ours = pair(32, 4, True, dtype=torch.float32)
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    grad = torch.randn(2, 9, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ours(x, x, x, need_weights=False)[0]
+        out_ref = ref(x, x, x, need_weights=False)[0]
+    assert out.dtype == out_ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), out_ref.float(), rtol=2e-2, atol=2e-2)
+    grads = torch.autograd.grad(out, [x] + list(ours.parameters()), grad.bfloat16())
+    grads_ref = torch.autograd.grad(out_ref, [x] + list(ref.parameters()), grad.bfloat16())
+    for g, g_ref in zip(grads, grads_ref):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, g_ref, rtol=3e-2, atol=3e-2)
+
+
+def test_cpu_no_grad_builds_no_graph():
+    _, ours = pair(16, 2, True)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        assert ours(x, x, x, need_weights=False)[0].grad_fn is None
+    with torch.inference_mode():
+        assert ours(x, x, x, need_weights=False)[0].grad_fn is None
+
+
 @pytest.mark.parametrize("case,why", [
     ("need_weights", "need_weights=True"),
     ("key_padding_mask", "key_padding_mask"),
@@ -150,10 +218,12 @@ def test_unknown_core_is_a_one_line_error():
         torch.ops.hfnn.multi_head_attention(q, q, q, 3, w, None, wo, None, True, False, 0.0, "")
 
 
-def test_supports_on_cpu_says_only_the_portable_cores():
+def test_supports_on_cpu_says_the_cpu_cores():
     q = torch.randn(2, 8, 16)
     said = {core: torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, core) for core in CORES}
-    assert said == {"": True, "sdpa_flash": False, "sdpa_efficient": False, "sdpa_cudnn": False, "sdpa_math": True}
+    # flash is torch's CPU flash kernel there (no dropout); efficient and cuDNN are GPU kernels.
+    assert said == {"": True, "sdpa_flash": True, "sdpa_efficient": False, "sdpa_cudnn": False, "sdpa_math": True}
+    assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.1, "sdpa_flash")
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 3, True, False, 0.0, "")  # 16 % 3
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, "nope")
 
@@ -238,6 +308,51 @@ def test_gpu_batch_shapes_every_core_bf16(batch, heads, head_dim, length):
         grads = torch.autograd.grad(out, [q] + list(ours.parameters()), grad)
         errs = [rel(out, out_ref)] + [rel(g, r) for g, r in zip(grads, grads_ref)]
         assert max(errs) <= max(TOLERANCE[torch.bfloat16], 4 * max(errs_torch)), (core, errs, errs_torch)
+
+
+@requires_gpu
+@pytest.mark.parametrize("core", ["sdpa_flash", "sdpa_efficient"])
+def test_gpu_dropout_backward_uses_the_forwards_mask(core):
+    """With the same seed, the op's core draws the same dropout mask as torch's module running the
+    same SDPA kernel: outputs and every gradient agree, so the backward used the forward's mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[core]
+    ref, ours = pair(128, 2, True, dtype=torch.bfloat16, device="cuda", dropout=0.3)
+    x = torch.randn(4, 96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn_like(x)
+    torch.manual_seed(7)
+    with sdpa_kernel(backend):
+        out_ref, _, grads_ref = run(ref, x, x, x, grad, need_weights=False)
+    torch.manual_seed(7)
+    out = torch.ops.hfnn.multi_head_attention(x, x, x, 2, ours.in_proj_weight, ours.in_proj_bias, ours.out_proj.weight,
+                                              ours.out_proj.bias, True, False, 0.3, core)
+    grads = torch.autograd.grad(out, [x] + list(ours.parameters()), grad)
+    assert rel(out, out_ref) < 2e-2
+    for g, g_ref in zip(grads, grads_ref):
+        assert rel(g, g_ref) < 2e-2
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_odd_output_gradients_and_frozen_weights(dtype):
+    """A gradient of strides cuBLASLt cannot take (out.sum()'s expanded ones) and frozen weights
+    (no dW GEMMs, db alone) give torch's gradients."""
+    ref, ours = pair(96, 3, True, dtype=dtype, device="cuda")
+    for frozen in (False, True):
+        for m in (ref, ours):
+            m.in_proj_weight.requires_grad_(not frozen)
+            m.out_proj.weight.requires_grad_(not frozen)
+            m.zero_grad(set_to_none=True)
+        x = torch.randn(3, 40, 96, device="cuda", dtype=dtype)
+        xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ref(xr, xr, xr, need_weights=False)[0].sum().backward()
+        ours(xo, xo, xo, need_weights=False)[0].sum().backward()
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
+        assert rel(xo.grad, xr.grad) < tol
+        for (name, p), p_ref in zip(ours.named_parameters(), ref.parameters()):
+            assert (p.grad is None) == (p_ref.grad is None), name
+            if p.grad is not None:
+                assert rel(p.grad, p_ref.grad) < tol, (name, frozen)
 
 
 @requires_gpu
