@@ -30,6 +30,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
@@ -198,6 +199,9 @@ std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
 
 void gemm(at::Tensor& d, const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, float beta = 0.0f,
           const at::Tensor& bias = {}) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && d.dim() == 2 && d.size(0) == a.size(trans_a ? 1 : 0) &&
+                  d.size(1) == b.size(trans_b ? 0 : 1) && a.size(trans_a ? 0 : 1) == b.size(trans_b ? 1 : 0),
+              "hfnn.multi_head_attention: GEMM shapes do not match (internal error)");
 #if HFNN_TORCH_CUDA
   const auto dtype = lt_dtype(d.scalar_type());
   const bool same = a.scalar_type() == d.scalar_type() && b.scalar_type() == d.scalar_type() &&
@@ -239,16 +243,20 @@ void gemm(at::Tensor& d, const at::Tensor& a, bool trans_a, const at::Tensor& b,
 // GEMV against a vector of ones (`ones`, [tokens, 1], made once per backward), which reads g at
 // cuBLAS's bandwidth; torch's column reduction was 1.3-1.7x slower on these shapes.
 void bias_grad(at::Tensor& db, const at::Tensor& g, const at::Tensor& ones) {
-  if (ones.defined() && matrix_ok(g)) {
+  if (ones.defined() && matrix_ok(g) && ones.size(0) >= g.size(0)) {
     at::Tensor d = db.view({-1, 1});
-    gemm(d, g, true, ones, false);
+    gemm(d, g, true, ones.narrow(0, 0, g.size(0)), false);
     return;
   }
   at::sum_out(db, g, {0});
 }
 
-at::Tensor ones_for(const at::Tensor& g) {
-  return g.is_cuda() ? at::ones({g.size(0), 1}, g.options()) : at::Tensor();
+// Ones for bias_grad: as many as the most tokens any input has (query and key/value lengths differ).
+at::Tensor ones_for(const at::Tensor& like, const std::array<const at::Tensor*, 3>& inputs) {
+  if (!like.is_cuda()) return {};
+  int64_t tokens = 0;
+  for (const at::Tensor* t : inputs) tokens = std::max(tokens, t->size(0) * t->size(1));
+  return at::ones({tokens, 1}, like.options());
 }
 
 // ---- the input projection ------------------------------------------------------------------------
@@ -390,9 +398,11 @@ Forward run_forward(const Plan& p, const std::array<const at::Tensor*, 3>& in, c
   f.core = core_forward(core, p.q, p.k, p.v, dropout, causal, lse);
   f.merged = merge_heads(f.core.o, batch_first);
   const int64_t embed = out_w.size(0);
-  at::Tensor y = at::empty({f.merged.size(0) * f.merged.size(1), embed}, f.merged.options());
-  gemm(y, f.merged.reshape({-1, embed}), false, out_w, true, 0.0f, out_b);
-  f.y = y.view({f.merged.size(0), f.merged.size(1), embed});
+  // Allocated in the output's shape (not a view of a 2-D one: autograd forbids in-place ops on a
+  // custom function's view outputs, and torch's module's output allows them).
+  f.y = at::empty({f.merged.size(0), f.merged.size(1), embed}, f.merged.options());
+  at::Tensor y2 = f.y.view({-1, embed});
+  gemm(y2, f.merged.reshape({-1, embed}), false, out_w, true, 0.0f, out_b);
   return f;
 }
 
@@ -439,9 +449,14 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
       return ctx->needs_input_grad(static_cast<std::size_t>(edge));
     };
 
+    // Not twice differentiable: the GEMMs write through raw pointers and out= ops.
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "hfnn.multi_head_attention: double backward (create_graph=True) is not supported; "
+                "use torch.nn.MultiheadAttention for it (hfnn.to_torch)");
+    const std::array<const at::Tensor*, 3> in{&s[0], &s[1], &s[2]};
     const at::Tensor gy = grads[0].reshape({-1, embed});
     variable_list out(12);
-    const at::Tensor ones = need(4) || need(6) ? ones_for(gy) : at::Tensor();
+    const at::Tensor ones = need(4) || need(6) ? ones_for(gy, in) : at::Tensor();
     if (need(5)) {
       out[5] = at::empty({embed, embed}, gy.options());
       gemm(out[5], gy, true, merged.reshape({-1, embed}), false);
@@ -460,7 +475,6 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
                                         : dm.view({q.size(2), q.size(0), heads, head_dim}).permute({1, 2, 0, 3});
     const auto d = core_backward(core, c, dout, q, k, v, dropout, causal);
 
-    const std::array<const at::Tensor*, 3> in{&s[0], &s[1], &s[2]};
     at::Tensor dw = need(3) ? at::empty_like(in_w) : at::Tensor();
     at::Tensor db = need(4) ? at::empty({in_w.size(0)}, in_w.options()) : at::Tensor();
     std::size_t part = 0;
@@ -524,7 +538,7 @@ at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, 
   check_inputs(query, key, value, num_heads, in_proj_weight);
   // Autocast: cast once, keeping which of query, key and value are the same tensor.
   const c10::DeviceType device = query.device().type();
-  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const bool autocast = at::autocast::is_autocast_available(device) && at::autocast::is_autocast_enabled(device);
   const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
   auto cast = [&](const at::Tensor& t) { return autocast && t.defined() ? at::autocast::cached_cast(dtype, t, device) : t; };
   const at::Tensor cq = cast(query);
@@ -534,18 +548,23 @@ at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, 
   const at::Tensor in_b = cast(in_proj_bias.value_or(at::Tensor())), out_b = cast(out_proj_bias.value_or(at::Tensor()));
   const std::array<const at::Tensor*, 3> in{&cq, &ck, &cv};
 
+  bool grad = false;
+  if (at::GradMode::is_enabled())
+    for (const at::Tensor* t : {&cq, &ck, &cv, &in_w, &in_b, &out_w, &out_b}) grad = grad || (t->defined() && t->requires_grad());
   const Plan p = plan(in, num_heads, batch_first, cq.options().dtype(in_w.scalar_type()));
-  TORCH_CHECK(core_takes(named, p.q, p.k, p.v, dropout_p, is_causal), "hfnn.multi_head_attention: core ",
+  // torch's checks read requires_grad (some kernels have no backward for some head sizes on some
+  // GPUs): the buffers' views do not carry it, aliases that do are asked instead.
+  std::array<at::Tensor, 3> views{p.q, p.k, p.v};
+  if (grad)
+    for (at::Tensor& t : views) t = t.detach().requires_grad_();
+  TORCH_CHECK(core_takes(named, views[0], views[1], views[2], dropout_p, is_causal), "hfnn.multi_head_attention: core ",
               std::string(core_name), " does not take this input (dtype ", p.q.scalar_type(), ", head size ",
               p.q.size(3), ", ", query.device(), "); hfnn.multi_head_attention_supports says which do");
-  const Core core = resolve(named, p.q, p.k, p.v, dropout_p, is_causal);
+  const Core core = resolve(named, views[0], views[1], views[2], dropout_p, is_causal);
   auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
   if (!has_node(core)) {
     return composite(in, num_heads, in_w, opt(in_b), out_w, opt(out_b), core, batch_first, is_causal, dropout_p);
   }
-  bool grad = false;
-  if (at::GradMode::is_enabled())
-    for (const at::Tensor* t : {&cq, &ck, &cv, &in_w, &in_b, &out_w, &out_b}) grad = grad || (t->defined() && t->requires_grad());
   if (!grad) return run_forward(p, in, in_w, in_b, out_w, out_b, core, batch_first, is_causal, dropout_p, false).y;
   return MhaFunction::apply(cq, ck, cv, in_w, opt(in_b), out_w, opt(out_b), p, core, batch_first, is_causal, dropout_p);
 }
@@ -567,9 +586,11 @@ bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& ke
   const at::Tensor mk = key.is_same(query) ? mq : meta(key);
   const at::Tensor mv = value.is_same(key) ? mk : value.is_same(query) ? mq : meta(value);
   const Plan p = plan({&mq, &mk, &mv}, num_heads, batch_first, mq.options());
+  // A training call's views require grad (torch's checks read it): assumed wherever grad mode is on.
   auto on_device = [&](const at::Tensor& view, const at::Tensor& like) {
     const int64_t extent = static_cast<int64_t>(view.storage().nbytes()) / view.element_size();
-    return at::empty({extent}, like.options()).as_strided(view.sizes(), view.strides(), view.storage_offset());
+    at::Tensor t = at::empty({extent}, like.options()).as_strided(view.sizes(), view.strides(), view.storage_offset());
+    return at::GradMode::is_enabled() && t.is_floating_point() ? t.detach().requires_grad_() : t;
   };
   return core_takes(*core, on_device(p.q, query), on_device(p.k, key), on_device(p.v, value), dropout_p, is_causal);
 }
