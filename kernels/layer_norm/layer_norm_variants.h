@@ -25,9 +25,11 @@ cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream);
 // shared memory (layer_norm_wide.cu).
 template <int kCluster> bool fwd_wide_supports(const FwdParams& p);
 template <int kCluster> cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream);
-template <int kCluster> bool bwd_wide_supports(const BwdParams& p);
-template <int kCluster> std::size_t bwd_wide_workspace(const BwdParams& p);
-template <int kCluster> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream);
+// kSmemSums: the backward's dgamma/dbeta sums in shared memory instead of registers (more blocks
+// an SM and more bytes a thread in flight where those registers were the limit: 16-bit types).
+template <int kCluster, bool kSmemSums> bool bwd_wide_supports(const BwdParams& p);
+template <int kCluster, bool kSmemSums> std::size_t bwd_wide_workspace(const BwdParams& p);
+template <int kCluster, bool kSmemSums> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream);
 
 // The persistent backward variants' last step: dgamma and dbeta from the [2][grid][cols] float
 // partials in the workspace, summed in a fixed order (layer_norm_bwd.cu).

@@ -10,6 +10,12 @@
 //                               through distributed shared memory, one cluster barrier per row. The
 //                               widest rows fit (registers of up to 16 blocks), and few wide rows
 //                               still fill every SM: 1,365 rows of 12,288 make 1,365 x N blocks.
+//   bwd_wide_c{1,...,16}_smem   The backward with each thread's dgamma/dbeta sums in shared memory
+//                               instead of registers: in 16-bit those float sums took more registers
+//                               than the packed x and dy, so a thread may now hold 4 accesses of each
+//                               in flight, or 2 at 3 blocks an SM. H200, bf16, 16M elements, with
+//                               bwd_clusters' cap: 1.04-1.37x the best variant before from D = 1,536
+//                               to 65,536 (bench/README.md, "Backward sums in shared memory").
 //
 // x is read once and y (dx) written once, from registers; 16-byte accesses, so cols must be a
 // multiple of 16 / sizeof(T) and the pointers 16-byte aligned (the block variants take the rest).
@@ -32,6 +38,9 @@ constexpr int kMaxGroupRows = 8;  // row-groups a block holds
 // A block holds its rows as loaded (16 bytes a pack) and, for software pipelining, the next rows
 // too; at most 512 threads, so each may have up to 128 registers.
 constexpr int kMaxThreads = 512;
+// The backward with its dgamma/dbeta sums in shared memory (bwd_wide_c*_smem): row-groups of at
+// most 256 threads, so the register cap below can ask for 2 or 3 blocks an SM.
+constexpr int kSmemSumsMaxThreads = 256;
 
 // A launch: blockDim = (threads, rows), `rows` row-groups of `threads` threads, each group on one
 // row at a time; the row's 16-byte accesses split over the cluster's blocks, `part` for each
@@ -57,20 +66,24 @@ int64_t accesses(int64_t cols, DType dtype) { return cols / static_cast<int64_t>
 // registers, more blocks per SM) and 1 in bfloat16 (73% against 69%).
 constexpr int kFwdBlockThreads = 128, kBwdBlockThreads = 256;
 
-WideShape wide_shape(int64_t cols, DType dtype, int cluster, bool backward) {
+WideShape wide_shape(int64_t cols, DType dtype, int cluster, bool backward, bool smem_sums = false) {
   // The backward's float32 may widen to 4 where 2 would need over 512 threads (a one-block row up
   // to 8,192 columns: 85% of copy bandwidth there against 63% split over a cluster); 16-bit types
-  // would need 64 float sums a thread at 4.
-  const int max_nv = backward ? (dtype_size(dtype) == 4 ? 4 : 2) : 8;
+  // would need 64 float sums a thread at 4. With the sums in shared memory (smem_sums) every dtype
+  // may widen to 4 where 2 would need over 256 threads: H200, bf16, 16M elements, 2 accesses
+  // against 4 where a row-group of 2 fits: 36.0 against 38.7 us at D = 2,048, 51.1 against 55.1 at
+  // 10,240 (c8; 4 leaves 24 of 64 lanes idle there), 3% behind at 32,768 (c8).
+  const int max_threads = smem_sums ? kSmemSumsMaxThreads : kMaxThreads;
+  const int max_nv = backward ? (smem_sums || dtype_size(dtype) == 4 ? 4 : 2) : 8;
   const int preferred = backward ? 2 : 4;
   WideShape s;
   const int64_t acc = accesses(cols, dtype);
   s.part = (acc + cluster - 1) / cluster;
   int nv = preferred;
   while (nv > 1 && s.part < 32 * nv) nv /= 2;
-  while (nv < max_nv && (s.part + nv - 1) / nv > kMaxThreads) nv *= 2;
+  while (nv < max_nv && (s.part + nv - 1) / nv > max_threads) nv *= 2;
   const int64_t threads = ((s.part + nv - 1) / nv + 31) / 32 * 32;
-  if (threads > kMaxThreads) return {};
+  if (threads > max_threads) return {};
   s.nv = nv;
   s.threads = static_cast<int>(threads);
   const int rows = (backward ? kBwdBlockThreads : kFwdBlockThreads) / s.threads;
@@ -284,11 +297,30 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p
 // holds one 16-byte access of each tensor (64 registers suffice, no spill), one above (a cap of 64
 // spilled 80 to 480 bytes there).
 constexpr int bwd_min_blocks(int nv) { return nv <= 1 ? 2 : 1; }
+// Blocks of up to 256 threads an SM the compiler must leave registers for with the sums in shared
+// memory: 3 (80 registers) at 1 or 2 accesses a thread, 2 (128) at 4. One block more (ptxas, sm_90,
+// bf16: 64 registers and 24 bytes of spill at 2 accesses, 80 and 120 bytes at 4) was 3-37% slower
+// at every width measured on the H200 (D = 1,024 to 65,536, bf16 and fp16).
+constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 
-template <typename T, int kNv>
-__global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks(kNv)) bwd_wide_kernel(const BwdParams p, const int64_t part) {
-  extern __shared__ float fold[];  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order
+// kSmemSums: each thread's dgamma/dbeta sums live in shared memory, [kNv * kV / 2][256] float4s
+// (a warp's float4s contiguous: no bank conflicts), read, added to and written back once a row,
+// instead of 2 x kNv x kV registers: in 16-bit, those registers (more than the packed x and dy)
+// are what kept the kernel at 2 blocks an SM with 64 bytes a thread in flight.
+template <typename T, int kNv, bool kSmemSums = false>
+__global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
+                                  kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
+    bwd_wide_kernel(const BwdParams p, const int64_t part) {
+  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order; kSmemSums: the sums above.
+  extern __shared__ float fold[];
   constexpr int kV = kVec<T>;
+  constexpr int kQ = kV / 4;  // float4s of an access's sums
+  // Slots strided by the largest block, a compile-time constant: one address register for them all.
+  constexpr int kStride = kSmemSumsMaxThreads;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  float4* const sums4 = reinterpret_cast<float4*>(fold) + tid;
+  // This thread's float4 j of access i: dgamma's at j < kQ, dbeta's at kQ + j.
+  auto slot = [&](int i, int j) -> float4& { return sums4[(i * 2 * kQ + j) * kStride]; };
   __shared__ float2 red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
@@ -303,13 +335,19 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks(kNv)) bwd_wide_ker
   wait_for_previous_grid();
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
 
-  // A thread owns the same columns for the whole kernel: dgamma/dbeta summed in registers. gamma is
-  // read where used (L1 holds a block's part of it).
-  float dg[kNv][kV], db[kNv][kV];
+  // A thread owns the same columns for the whole kernel: dgamma/dbeta summed in registers (in its
+  // shared-memory slots with kSmemSums). gamma is read where used (L1 holds a block's part of it).
+  float dg[kSmemSums ? 1 : kNv][kV], db[kSmemSums ? 1 : kNv][kV];
 #pragma unroll
-  for (int i = 0; i < kNv; ++i)
+  for (int i = 0; i < kNv; ++i) {
+    if constexpr (kSmemSums) {
 #pragma unroll
-    for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = make_float4(0.f, 0.f, 0.f, 0.f);  // own slots: no barrier
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+    }
+  }
   auto gamma_of = [&](int64_t a, float (&out)[kV]) {
     if (gamma) {
       unpack(load_pack(gamma + a * kV), out);
@@ -362,15 +400,37 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks(kNv)) bwd_wide_ker
       unpack(xs[i], xv);
       unpack(ds[i], dv);
       gamma_of(a, gv);
+      float xhat[kV];
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
-        const float xhat = (xv[k] - mean) * rstd;
+        xhat[k] = (xv[k] - mean) * rstd;
         const float g = dv[k] * gv[k];
         sums.x += g;
-        sums.y = fmaf(g, xhat, sums.y);
-        dg[i][k] = fmaf(dv[k], xhat, dg[i][k]);  // rows past the end add 0: dy is 0 there
-        db[i][k] += dv[k];
+        sums.y = fmaf(g, xhat[k], sums.y);
+      }
+      // rows past the end add 0 to dgamma and dbeta: dy is 0 there
+      if constexpr (kSmemSums) {
+#pragma unroll
+        for (int j = 0; j < kQ; ++j) {
+          float4 g4 = slot(i, j), b4 = slot(i, kQ + j);
+          g4.x = fmaf(dv[4 * j], xhat[4 * j], g4.x);
+          g4.y = fmaf(dv[4 * j + 1], xhat[4 * j + 1], g4.y);
+          g4.z = fmaf(dv[4 * j + 2], xhat[4 * j + 2], g4.z);
+          g4.w = fmaf(dv[4 * j + 3], xhat[4 * j + 3], g4.w);
+          b4.x += dv[4 * j];
+          b4.y += dv[4 * j + 1];
+          b4.z += dv[4 * j + 2];
+          b4.w += dv[4 * j + 3];
+          slot(i, j) = g4;
+          slot(i, kQ + j) = b4;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          dg[i][k] = fmaf(dv[k], xhat[k], dg[i][k]);
+          db[i][k] += dv[k];
+        }
       }
     }
     if (!p.dx) continue;  // uniform over the grid
@@ -422,7 +482,46 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks(kNv)) bwd_wide_ker
     }
   }
 
-  if (p.dgamma || p.dbeta) {  // uniform over the grid
+  if constexpr (kSmemSums) {
+    if (p.dgamma || p.dbeta) {  // uniform over the grid
+      // The same fixed order as below: group g adds the running total of groups 0 .. g - 1 (in the
+      // slots of its lane's thread in group g - 1) to its own; the last group writes the partial row.
+      float* partials = static_cast<float*>(p.workspace);
+      const int groups = blockDim.y;
+      for (int g = 1; g < groups; ++g) {
+        __syncthreads();
+        if (group == g) {
+#pragma unroll
+          for (int i = 0; i < kNv; ++i) {
+            if (a0 + i * tpr + lane >= a1) continue;
+#pragma unroll
+            for (int j = 0; j < 2 * kQ; ++j) {
+              float4 mine = slot(i, j);
+              const float4 before = sums4[(i * 2 * kQ + j) * kStride - tpr];
+              mine.x += before.x;
+              mine.y += before.y;
+              mine.z += before.z;
+              mine.w += before.w;
+              slot(i, j) = mine;
+            }
+          }
+        }
+      }
+      if (group == groups - 1) {
+#pragma unroll
+        for (int i = 0; i < kNv; ++i) {
+          const int64_t a = a0 + i * tpr + lane;
+          if (a >= a1) continue;
+#pragma unroll
+          for (int which = 0; which < 2; ++which) {
+            float4* dst = reinterpret_cast<float4*>(partials + (which * clusters + cid) * cols + a * kV);
+#pragma unroll
+            for (int j = 0; j < kQ; ++j) dst[j] = slot(i, which * kQ + j);
+          }
+        }
+      }
+    }
+  } else if (p.dgamma || p.dbeta) {  // uniform over the grid
     // The block's row-groups hold sums for the same columns: folded group by group (a fixed
     // order) in shared memory, the last group adding its own and writing the cluster's partial row.
     float* partials = static_cast<float*>(p.workspace);
@@ -456,14 +555,14 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks(kNv)) bwd_wide_ker
 
 // Calls f.template operator()<T, kNv>() for the instantiation of shape s; cudaErrorInvalidValue
 // for an nv a direction does not instantiate.
-template <bool kBackward, typename F>
+template <bool kBackward, bool kSmemSums = false, typename F>
 cudaError_t with_wide(DType dtype, int nv, F&& f) {
   return dispatch_dtype(dtype, [&]<typename T>() -> cudaError_t {
     switch (nv) {
       case 1: return f.template operator()<T, 1>();
       case 2: return f.template operator()<T, 2>();
       case 4:
-        if constexpr (!kBackward || sizeof(T) == 4) return f.template operator()<T, 4>();
+        if constexpr (!kBackward || sizeof(T) == 4 || kSmemSums) return f.template operator()<T, 4>();
         break;
       case 8:
         if constexpr (!kBackward) return f.template operator()<T, 8>();
@@ -490,21 +589,26 @@ bool bwd_ok(const BwdParams& p) {
   return p.rows > 0 && p.cols > 0 && p.device.device >= 0 && vectorizable(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
 }
 
-std::size_t bwd_fold_bytes(const WideShape& s, DType dtype) {
-  return s.rows > 1 ? static_cast<std::size_t>(s.part) * (16 / dtype_size(dtype)) * sizeof(float) : 0;
+std::size_t bwd_fold_bytes(const WideShape& s, DType dtype, bool smem_sums = false) {
+  const std::size_t vec = 16 / dtype_size(dtype);
+  if (smem_sums)  // 2 x nv x vec float sums for each thread of the largest block (the slots' stride)
+    return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float);
+  return s.rows > 1 ? static_cast<std::size_t>(s.part) * vec * sizeof(float) : 0;
 }
 
 // Clusters of the backward's persistent grid: enough for every row-group, no more than fit at once,
-// and few enough that the partial rows (2 x 4 bytes a column each, written and read again) stay
-// within a twelfth of the traffic of x, dy and dx (3 x rows x esize a column), though at least one
-// block per SM.
+// and few enough that the partial rows (2 x 4 bytes a column each, written and read again, mostly
+// from L2) stay within a third of the traffic of x, dy and dx (3 x rows x esize a column), though at
+// least one block per SM. A twelfth, the first choice, held 16-bit rows of 3K to 64K columns at 16M
+// elements to one block an SM; a third, H200, bf16: bwd_wide_c1 at D = 3,072 52.6 -> 42.7 us, c8 at
+// 10,240 69.6 -> 62.1, c16 at 24,576 76.8 -> 71.2; float32 within 0.5% (more allowed: no faster).
 template <typename K>
-int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster) {
+int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster, bool smem_sums) {
   const int64_t needed = (p.rows + s.rows - 1) / s.rows;
   const int64_t resident =
-      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, bwd_fold_bytes(s, p.dtype), cluster,
-                        p.device);
-  const int64_t traffic_cap = p.rows * static_cast<int64_t>(dtype_size(p.dtype)) / 64;
+      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, bwd_fold_bytes(s, p.dtype, smem_sums),
+                        cluster, p.device);
+  const int64_t traffic_cap = p.rows * static_cast<int64_t>(dtype_size(p.dtype)) / 16;
   const int64_t fill = (p.device.sm_count + cluster - 1) / cluster;
   const int64_t cap = traffic_cap > fill ? traffic_cap : fill;
   int64_t n = needed < resident ? needed : resident;
@@ -541,44 +645,44 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   });
 }
 
-template <int kCluster>
+template <int kCluster, bool kSmemSums>
 bool bwd_wide_supports(const BwdParams& p) {
   if (!bwd_ok(p)) return false;
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true);
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true, kSmemSums);
   if (!splits(p.cols, p.dtype, s, kCluster)) return false;
-  return with_wide<true>(p.dtype, s.nv, [&]<typename T, int kNv>() {
-           return shape_fits(bwd_wide_kernel<T, kNv>, s, bwd_fold_bytes(s, p.dtype), kCluster, p.device)
-                      ? cudaSuccess
-                      : cudaErrorInvalidValue;
+  const std::size_t smem = bwd_fold_bytes(s, p.dtype, kSmemSums);
+  return with_wide<true, kSmemSums>(p.dtype, s.nv, [&]<typename T, int kNv>() {
+           return shape_fits(bwd_wide_kernel<T, kNv, kSmemSums>, s, smem, kCluster, p.device) ? cudaSuccess
+                                                                                             : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
-template <int kCluster>
+template <int kCluster, bool kSmemSums>
 std::size_t bwd_wide_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true);
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true, kSmemSums);
   std::size_t bytes = 0;
-  with_wide<true>(p.dtype, s.nv, [&]<typename T, int kNv>() {
-    bytes = 2 * static_cast<std::size_t>(bwd_clusters(bwd_wide_kernel<T, kNv>, p, s, kCluster)) *
+  with_wide<true, kSmemSums>(p.dtype, s.nv, [&]<typename T, int kNv>() {
+    bytes = 2 * static_cast<std::size_t>(bwd_clusters(bwd_wide_kernel<T, kNv, kSmemSums>, p, s, kCluster, kSmemSums)) *
             static_cast<std::size_t>(p.cols) * sizeof(float);
     return cudaSuccess;
   });
   return bytes;
 }
 
-template <int kCluster>
+template <int kCluster, bool kSmemSums>
 cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true);
+  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true, kSmemSums);
   if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
-  return with_wide<true>(p.dtype, s.nv, [&]<typename T, int kNv>() -> cudaError_t {
-    auto kernel = bwd_wide_kernel<T, kNv>;
+  return with_wide<true, kSmemSums>(p.dtype, s.nv, [&]<typename T, int kNv>() -> cudaError_t {
+    auto kernel = bwd_wide_kernel<T, kNv, kSmemSums>;
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
     }
-    const std::size_t smem = bwd_fold_bytes(s, p.dtype);
+    const std::size_t smem = bwd_fold_bytes(s, p.dtype, kSmemSums);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster), p);
+    const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster, kSmemSums), p);
     if (clusters < 1) return cudaErrorInvalidValue;
     if (const cudaError_t err = launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)),
                                        dim3(s.threads, s.rows), smem, stream, kCluster, p, s.part);
@@ -591,9 +695,12 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
 #define HFNN_WIDE(C)                                                           \
   template bool fwd_wide_supports<C>(const FwdParams&);                        \
   template cudaError_t fwd_wide_run<C>(const FwdParams&, cudaStream_t);        \
-  template bool bwd_wide_supports<C>(const BwdParams&);                        \
-  template std::size_t bwd_wide_workspace<C>(const BwdParams&);                \
-  template cudaError_t bwd_wide_run<C>(const BwdParams&, cudaStream_t);
+  template bool bwd_wide_supports<C, false>(const BwdParams&);                 \
+  template std::size_t bwd_wide_workspace<C, false>(const BwdParams&);         \
+  template cudaError_t bwd_wide_run<C, false>(const BwdParams&, cudaStream_t); \
+  template bool bwd_wide_supports<C, true>(const BwdParams&);                  \
+  template std::size_t bwd_wide_workspace<C, true>(const BwdParams&);          \
+  template cudaError_t bwd_wide_run<C, true>(const BwdParams&, cudaStream_t);
 HFNN_WIDE(1)
 HFNN_WIDE(2)
 HFNN_WIDE(4)
