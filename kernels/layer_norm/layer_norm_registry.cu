@@ -31,24 +31,17 @@ constexpr FwdVariant fwd_wide(std::string_view name) {
           &fwd_wide_supports<kCluster>, &fwd_wide_run<kCluster>};
 }
 
-template <int kCluster>
-constexpr BwdVariant bwd_wide_smem(std::string_view name) {
-  return {name,
-          kCluster == 1 ? "as bwd_wide_c1, each thread's dgamma/dbeta sums in shared memory: fewer registers, more "
-                          "blocks an SM and more loads in flight (16-bit)"
-                        : "as bwd_wide_c*, each thread's dgamma/dbeta sums in shared memory: fewer registers, more "
-                          "blocks an SM and more loads in flight (16-bit)",
-          &bwd_wide_supports<kCluster, true>, &bwd_wide_workspace<kCluster, true>, &bwd_wide_run<kCluster, true>};
-}
-
-template <int kCluster>
+// kSmem: each thread's dgamma/dbeta sums in shared memory instead of registers.
+template <int kCluster, bool kSmem = false>
 constexpr BwdVariant bwd_wide(std::string_view name) {
   return {name,
-          kCluster == 1 ? "row in registers across a block of whole warps, persistent grid, dgamma/dbeta in "
-                          "registers: wide rows"
-                        : "row split over the blocks of a thread-block cluster, sums met in distributed shared "
-                          "memory, persistent grid: the widest rows (Hopper)",
-          &bwd_wide_supports<kCluster, false>, &bwd_wide_workspace<kCluster, false>, &bwd_wide_run<kCluster, false>};
+          kSmem ? "as bwd_wide_c*, each thread's dgamma/dbeta sums in shared memory: fewer registers, more blocks "
+                  "an SM and more loads in flight (16-bit)"
+          : kCluster == 1 ? "row in registers across a block of whole warps, persistent grid, dgamma/dbeta in "
+                            "registers: wide rows"
+                          : "row split over the blocks of a thread-block cluster, sums met in distributed shared "
+                            "memory, persistent grid: the widest rows (Hopper)",
+          &bwd_wide_supports<kCluster, kSmem>, &bwd_wide_workspace<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>};
 }
 
 constexpr std::array kFwd = {
@@ -85,11 +78,11 @@ constexpr std::array kBwd = {
     bwd_wide<4>("bwd_wide_c4"),
     bwd_wide<8>("bwd_wide_c8"),
     bwd_wide<16>("bwd_wide_c16"),
-    bwd_wide_smem<1>("bwd_wide_c1_smem"),
-    bwd_wide_smem<2>("bwd_wide_c2_smem"),
-    bwd_wide_smem<4>("bwd_wide_c4_smem"),
-    bwd_wide_smem<8>("bwd_wide_c8_smem"),
-    bwd_wide_smem<16>("bwd_wide_c16_smem"),
+    bwd_wide<1, true>("bwd_wide_c1_smem"),
+    bwd_wide<2, true>("bwd_wide_c2_smem"),
+    bwd_wide<4, true>("bwd_wide_c4_smem"),
+    bwd_wide<8, true>("bwd_wide_c8_smem"),
+    bwd_wide<16, true>("bwd_wide_c16_smem"),
 };
 
 }  // namespace
