@@ -25,7 +25,7 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
   echo "hfnn setup: installing torch ${HFNN_TORCH_VERSION:-2.11.0}"
   python3 -m pip install -q "torch==${HFNN_TORCH_VERSION:-2.11.0}"
 fi
-python3 -m pip install -q "scikit-build-core>=0.10" "pytest>=7" numpy
+python3 -m pip install -q "scikit-build-core>=0.10" "pytest>=7" "pytest-xdist>=3" numpy
 echo "hfnn setup: building and installing hfnn (CUDA kernels: $(command -v nvcc >/dev/null && echo yes || echo 'no, nvcc not found'))"
 python3 -m pip install -q --no-build-isolation .
 echo "hfnn setup: done, $(hfnn --version)"

@@ -10,4 +10,12 @@ if [ -z "$build" ] || [ ! -x "$build/hfnn_kernel_tests" ]; then
 fi
 # The gtest binary directly, so a skipped GPU test prints its reason.
 "$build/hfnn_kernel_tests" --gtest_color=no
-python3 -m pytest tests/python "$@"
+# The Python tests run on up to 4 cores (pytest-xdist, which scripts/setup.sh installs): most of
+# them run a script or the hfnn executable in a subprocess and wait for it. HFNN_TEST_WORKERS=0 (or
+# no pytest-xdist) runs them one at a time.
+workers=${HFNN_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+if [ "$workers" -gt 1 ] && python3 -c "import xdist" >/dev/null 2>&1; then
+  python3 -m pytest tests/python -n "$workers" "$@"
+else
+  python3 -m pytest tests/python "$@"
+fi

@@ -130,8 +130,11 @@ def test_failing_script_keeps_its_profile_and_exit_code(tmp_path):
 def _interrupt_after_five_steps(cmd, signum):
     """Runs cmd in its own session, sends signum once it printed step 5 (SIGINT to the whole group,
     as a terminal's Ctrl-C does; SIGTERM to the process, as a job scheduler does). Returns the
-    exit code the way a shell reports it (128 + signal when killed by one) and stderr."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    exit code the way a shell reports it (128 + signal when killed by one) and stderr. SIGINT starts
+    at its default action, as in a terminal's foreground job (a shell's background job, or a test
+    runner started as one, inherits it ignored, and Python then never raises KeyboardInterrupt)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     for line in proc.stdout:
         if line.startswith("step 5") or time.time() > deadline:
