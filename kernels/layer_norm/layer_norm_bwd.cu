@@ -348,11 +348,12 @@ constexpr int kBlockThreads = 256;
 // kSmemAcc: the block's dgamma/dbeta partials are summed in shared memory and written out at the
 // end. Otherwise (rows too wide for that: over about 28K columns on Hopper) they are summed in place
 // in the block's rows of the workspace, in global memory: slower, but every width runs.
-template <typename T, bool kVectorized, bool kSmemAcc>
+// kBytes: the access width, the widest every row allows (bwd_access_bytes()).
+template <typename T, int kBytes, bool kSmemAcc>
 __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParams p) {
   extern __shared__ float acc[];  // [2][cols]: this block's dgamma and dbeta partials (kSmemAcc)
   __shared__ float2 scratch[32];
-  constexpr int kV = kVectorized ? kVec<T> : 1;
+  constexpr int kV = kVec<T, kBytes>;
   const int64_t cols = p.cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
@@ -377,18 +378,12 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
     float sum_g = 0.f, sum_gx = 0.f;
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
       float xv[kV], dv[kV], gv[kV];
-      if constexpr (kVectorized) {
-        unpack(load_pack(x + c), xv);
-        unpack(load_pack(dy + c), dv);
-        if (gamma) unpack(load_pack(gamma + c), gv);
-        else
+      unpack(load_pack<T, kBytes>(x + c), xv);
+      unpack(load_pack<T, kBytes>(dy + c), dv);
+      if (gamma) unpack(load_pack<T, kBytes>(gamma + c), gv);
+      else
 #pragma unroll
-          for (int k = 0; k < kV; ++k) gv[k] = 1.f;
-      } else {
-        xv[0] = to_float(x[c]);
-        dv[0] = to_float(dy[c]);
-        gv[0] = gamma ? to_float(gamma[c]) : 1.f;
-      }
+        for (int k = 0; k < kV; ++k) gv[k] = 1.f;
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         const float xhat = (xv[k] - mean) * rstd;
@@ -406,23 +401,17 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
     const float mean_g = sums.x * inv_cols, mean_gx = sums.y * inv_cols;
     T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
-      if constexpr (kVectorized) {
-        float xv[kV], dv[kV], gv[kV], out[kV];
-        unpack(load_pack(x + c), xv);
-        unpack(load_pack(dy + c), dv);
-        if (gamma) unpack(load_pack(gamma + c), gv);
+      float xv[kV], dv[kV], gv[kV], out[kV];
+      unpack(load_pack<T, kBytes>(x + c), xv);
+      unpack(load_pack<T, kBytes>(dy + c), dv);
+      if (gamma) unpack(load_pack<T, kBytes>(gamma + c), gv);
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float xhat = (xv[k] - mean) * rstd;
-          const float g = gamma ? dv[k] * gv[k] : dv[k];
-          out[k] = rstd * (g - mean_g - xhat * mean_gx);
-        }
-        store_pack(dx + c, pack<T>(out));
-      } else {
-        const float xhat = (to_float(x[c]) - mean) * rstd;
-        const float g = gamma ? to_float(dy[c]) * to_float(gamma[c]) : to_float(dy[c]);
-        dx[c] = from_float<T>(rstd * (g - mean_g - xhat * mean_gx));
+      for (int k = 0; k < kV; ++k) {
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = gamma ? dv[k] * gv[k] : dv[k];
+        out[k] = rstd * (g - mean_g - xhat * mean_gx);
       }
+      store_pack(dx + c, pack<T, kBytes>(out));
     }
   }
   if (!kSmemAcc || partials == nullptr) return;
@@ -434,12 +423,6 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
       dst_dg[c + k] = acc_dg[c + k];
       dst_db[c + k] = acc_db[c + k];
     }
-}
-
-bool bwd_vectorizable(const BwdParams& p) {
-  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
-  return p.cols % vec == 0 && aligned16(p.x) && aligned16(p.dy) && (!p.dx || aligned16(p.dx)) &&
-         (!p.gamma || aligned16(p.gamma));
 }
 
 std::size_t block_smem(int64_t cols) { return 2 * static_cast<std::size_t>(cols) * sizeof(float); }
@@ -454,27 +437,30 @@ struct BlockLaunch {
 };
 
 BlockLaunch block_launch(const BwdParams& p) {
-  const bool vectorized = bwd_vectorizable(p);
+  const int bytes = bwd_access_bytes(p);
+  if (bytes == 0) return BlockLaunch{};
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    BlockLaunch l;
-    auto in_smem = vectorized ? bwd_block_kernel<T, true, true> : bwd_block_kernel<T, false, true>;
-    auto in_global = vectorized ? bwd_block_kernel<T, true, false> : bwd_block_kernel<T, false, false>;
-    if (fits(in_smem, kBlockThreads, block_smem(p.cols), p.device)) {
-      l = {in_smem, block_smem(p.cols), 0};
-      // Resident blocks depend on the row's shared memory (a cached query).
-      l.grid = static_cast<int>(
-          resident_clusters(reinterpret_cast<const void*>(l.kernel), kBlockThreads, 1, l.smem, 1, p.device));
-    } else if (fits(in_global, kBlockThreads, 0, p.device)) {
-      // One block per SM at most: each block's partial rows (2 x cols floats) are its own memory,
-      // and together no more than kMaxGlobalPartials (fewer blocks than 132 only past 254K columns).
-      const int64_t by_memory = static_cast<int64_t>(kMaxGlobalPartials / (2 * sizeof(float))) / p.cols;
-      const int64_t grid = by_memory < p.device.sm_count ? by_memory : p.device.sm_count;
-      l = {in_global, 0, static_cast<int>(grid > 1 ? grid : 1)};
-    } else {
-      return BlockLaunch{};
-    }
-    l.grid = static_cast<int>(p.rows < l.grid ? p.rows : l.grid);
-    return l;
+    return with_access_bytes<T>(bytes, [&]<int kBytes>() {
+      BlockLaunch l;
+      auto in_smem = bwd_block_kernel<T, kBytes, true>;
+      auto in_global = bwd_block_kernel<T, kBytes, false>;
+      if (fits(in_smem, kBlockThreads, block_smem(p.cols), p.device)) {
+        l = {in_smem, block_smem(p.cols), 0};
+        // Resident blocks depend on the row's shared memory (a cached query).
+        l.grid = static_cast<int>(
+            resident_clusters(reinterpret_cast<const void*>(l.kernel), kBlockThreads, 1, l.smem, 1, p.device));
+      } else if (fits(in_global, kBlockThreads, 0, p.device)) {
+        // One block per SM at most: each block's partial rows (2 x cols floats) are its own memory,
+        // and together no more than kMaxGlobalPartials (fewer blocks than 132 only past 254K columns).
+        const int64_t by_memory = static_cast<int64_t>(kMaxGlobalPartials / (2 * sizeof(float))) / p.cols;
+        const int64_t grid = by_memory < p.device.sm_count ? by_memory : p.device.sm_count;
+        l = {in_global, 0, static_cast<int>(grid > 1 ? grid : 1)};
+      } else {
+        return BlockLaunch{};
+      }
+      l.grid = static_cast<int>(p.rows < l.grid ? p.rows : l.grid);
+      return l;
+    });
   });
 }
 

@@ -163,11 +163,13 @@ cudaError_t with_fwd_regs(const FwdParams& p, F&& f) {
 // kStaged: the row is read once into shared memory (as float) and the three passes run from there.
 // Otherwise each pass reads it again from global memory: rows too wide for shared memory (over
 // about 56K elements on Hopper) still run, at three reads and a write instead of one and one.
-template <typename T, bool kVectorized, bool kStaged>
+// kBytes: the access width, the widest every row allows (access_bytes(): 16, or 8, 4 or 2 bytes
+// for rows only aligned that far).
+template <typename T, int kBytes, bool kStaged>
 __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
   extern __shared__ float row_buf[];
   __shared__ float2 scratch[32];
-  constexpr int kV = kVectorized ? kVec<T> : 1;
+  constexpr int kV = kVec<T, kBytes>;
   const int64_t cols = p.cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
@@ -182,10 +184,8 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
       if constexpr (kStaged) {
 #pragma unroll
         for (int k = 0; k < kV; ++k) v[k] = row_buf[c + k];
-      } else if constexpr (kVectorized) {
-        unpack(load_pack(x + c), v);
       } else {
-        v[0] = to_float(x[c]);
+        unpack(load_pack<T, kBytes>(x + c), v);
       }
     };
     float sum = 0.f;
@@ -193,8 +193,7 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
     // the passes other than the ones inside block_sum2.
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
       float v[kV];
-      if constexpr (kVectorized) unpack(load_pack(x + c), v);
-      else v[0] = to_float(x[c]);
+      unpack(load_pack<T, kBytes>(x + c), v);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         if constexpr (kStaged) row_buf[c + k] = v[k];
@@ -214,25 +213,17 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
     }
     const float rstd = rsqrtf(block_sum2(sq, 0.f, scratch).x * inv_cols + p.eps);
     for (int64_t c = threadIdx.x * kV; c < cols; c += step) {
-      float v[kV];
+      float v[kV], out[kV], g[kV], b[kV];
       values(c, v);
-      if constexpr (kVectorized) {
-        float out[kV], g[kV], b[kV];
-        if (gamma) unpack(load_pack(gamma + c), g);
-        if (beta) unpack(load_pack(beta + c), b);
+      if (gamma) unpack(load_pack<T, kBytes>(gamma + c), g);
+      if (beta) unpack(load_pack<T, kBytes>(beta + c), b);
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          out[k] = (v[k] - mean) * rstd;
-          if (gamma) out[k] *= g[k];
-          if (beta) out[k] += b[k];
-        }
-        store_pack(y + c, pack<T>(out));
-      } else {
-        float o = (v[0] - mean) * rstd;
-        if (gamma) o *= to_float(gamma[c]);
-        if (beta) o += to_float(beta[c]);
-        y[c] = from_float<T>(o);
+      for (int k = 0; k < kV; ++k) {
+        out[k] = (v[k] - mean) * rstd;
+        if (gamma) out[k] *= g[k];
+        if (beta) out[k] += b[k];
       }
+      store_pack(y + c, pack<T, kBytes>(out));
     }
     if (threadIdx.x == 0 && p.mean) {
       p.mean[row] = mean;
@@ -241,10 +232,8 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
   }
 }
 
-bool fwd_vectorizable(const FwdParams& p) {
-  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
-  return p.cols % vec == 0 && aligned16(p.x) && aligned16(p.y) && (!p.gamma || aligned16(p.gamma)) &&
-         (!p.beta || aligned16(p.beta));
+int fwd_block_access_bytes(const FwdParams& p) {
+  return access_bytes(p.cols, static_cast<int>(dtype_size(p.dtype)), {p.x, p.y, p.gamma, p.beta});
 }
 
 }  // namespace
@@ -288,17 +277,21 @@ struct BlockLaunch {
 };
 
 BlockLaunch fwd_block_launch(const FwdParams& p) {
-  const bool vectorized = fwd_vectorizable(p);
-  const int vec = vectorized ? static_cast<int>(16 / dtype_size(p.dtype)) : 1;
+  const int bytes = fwd_block_access_bytes(p);
+  if (bytes == 0) return BlockLaunch{};
+  const int vec = bytes / static_cast<int>(dtype_size(p.dtype));
   int64_t threads = ((p.cols / vec + 3) / 4 + 31) / 32 * 32;
   threads = threads < 128 ? 128 : (threads > 1024 ? 1024 : threads);
   const std::size_t staged_smem = static_cast<std::size_t>(p.cols) * sizeof(float);
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    auto staged = vectorized ? fwd_block_kernel<T, true, true> : fwd_block_kernel<T, false, true>;
-    if (fits(staged, threads, staged_smem, p.device)) return BlockLaunch{staged, static_cast<unsigned>(threads), staged_smem};
-    auto streamed = vectorized ? fwd_block_kernel<T, true, false> : fwd_block_kernel<T, false, false>;
-    if (fits(streamed, threads, 0, p.device)) return BlockLaunch{streamed, static_cast<unsigned>(threads), 0};
-    return BlockLaunch{};
+    return with_access_bytes<T>(bytes, [&]<int kBytes>() {
+      auto staged = fwd_block_kernel<T, kBytes, true>;
+      if (fits(staged, threads, staged_smem, p.device))
+        return BlockLaunch{staged, static_cast<unsigned>(threads), staged_smem};
+      auto streamed = fwd_block_kernel<T, kBytes, false>;
+      if (fits(streamed, threads, 0, p.device)) return BlockLaunch{streamed, static_cast<unsigned>(threads), 0};
+      return BlockLaunch{};
+    });
   });
 }
 
