@@ -250,18 +250,22 @@ int run_tune(const TuneOptions& o) {
     return 0;
   }
   if (o.dry_run) {
-    fmt::print("  {:<4} {:<36} {:<9} {:>8} {:>7}  {:<8} {}\n", "#", "key", "dtype", "Run%", "share", "passes",
+    auto label = [](const tuner::ProfiledKey& k) {
+      const families::Family* family = families::find(k.op);
+      return fmt::format("{} {} ({})", family->title, family->key_label(k.key), family->key_header);
+    };
+    size_t kw = 36;  // as wide as the longest label
+    for (const auto& k : todo) kw = std::max(kw, label(k).size());
+    fmt::print("  {:<4} {:<{}} {:<9} {:>8} {:>7}  {:<8} {}\n", "#", "key", kw, "dtype", "Run%", "share", "passes",
                "shapes");
     int i = 0;
     for (const auto& k : todo) {
-      const families::Family* family = families::find(k.op);
       std::string passes;
       for (const auto& p : passes_of(k)) passes += (passes.empty() ? "" : "+") + p;
       std::string shapes;
       for (const auto& s : k.shapes) shapes += (shapes.empty() ? "" : " ") + s;
-      fmt::print("  {:<4} {:<36} {:<9} {:>7.2f}% {:>6.1f}%  {:<8} {}\n", ++i,
-                 fmt::format("{} {} ({})", family->title, family->key_label(k.key), family->key_header), k.dtype,
-                 k.run_pct, k.share_pct, passes, shapes);
+      fmt::print("  {:<4} {:<{}} {:<9} {:>7.2f}% {:>6.1f}%  {:<8} {}\n", ++i, label(k), kw, k.dtype, k.run_pct,
+                 k.share_pct, passes, shapes);
     }
     double total = todo.size() * (o.seconds_per_key + 0.5);
     if (o.budget > 0) total = std::min(total, o.budget);

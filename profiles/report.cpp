@@ -311,18 +311,25 @@ std::string tune_text(const nlohmann::json& summary) {
                      env["gpu"].get<std::string>(), env["compute_capability"].get<std::string>(),
                      env["cuda"].get<std::string>(), env["torch"].get<std::string>(), env["hfnn"].get<std::string>(),
                      e["keys_tuned"].get<int>(), e["keys_in_run"].get<size_t>(), run_id);
-    t += fmt::format("  {:<36} {:<9} {:>7} {:>7}  {:<4} {:>10} {:>10}  {:<20} {:>8}\n", "key", "dtype",
-                     "Run%", "share", "pass", "torch µs", "best µs", "winner", "speed-up");
+    // Columns as wide as their longest entry (attention's labels and its "train" pass are longer than
+    // LayerNorm's).
+    size_t kw = 36, pw = 4;
+    for (const auto& r : e["rows"]) {
+      kw = std::max(kw, key_label(r["op"].get<std::string>(), r["key"].get<std::string>()).size());
+      pw = std::max(pw, r["pass"].get<std::string>().size());
+    }
+    t += fmt::format("  {:<{}} {:<9} {:>7} {:>7}  {:<{}} {:>10} {:>10}  {:<20} {:>8}\n", "key", kw, "dtype", "Run%",
+                     "share", "pass", pw, "torch µs", "best µs", "winner", "speed-up");
     std::string last;
     for (const auto& r : e["rows"]) {
       const std::string id = r["op"].get<std::string>() + r["key"].get<std::string>() + r["dtype"].get<std::string>();
       const bool first = id != last;
       last = id;
       const std::string key = key_label(r["op"].get<std::string>(), r["key"].get<std::string>());
-      t += fmt::format("  {:<36} {:<9} {:>7} {:>7}  {:<4} {:>10.2f} {:>10.2f}  {:<20} {:>7.2f}x\n", first ? key : "",
-                       first ? r["dtype"].get<std::string>() : "",
+      t += fmt::format("  {:<{}} {:<9} {:>7} {:>7}  {:<{}} {:>10.2f} {:>10.2f}  {:<20} {:>7.2f}x\n", first ? key : "",
+                       kw, first ? r["dtype"].get<std::string>() : "",
                        first ? fmt::format("{:.2f}%", r["run_pct"].get<double>()) : "",
-                       first ? fmt::format("{:.1f}%", r["share_pct"].get<double>()) : "", r["pass"].get<std::string>(),
+                       first ? fmt::format("{:.1f}%", r["share_pct"].get<double>()) : "", r["pass"].get<std::string>(), pw,
                        r["torch_us"].get<double>(), r["best_us"].get<double>(), r["winner"].get<std::string>(),
                        r["speedup"].get<double>());
     }

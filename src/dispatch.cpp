@@ -62,6 +62,9 @@ const char* fallback_name(Fallback f) {
     case Fallback::kVariantRefused: return "winner refused the input";
     case Fallback::kLaunchFailed: return "kernel launch failed";
     case Fallback::kBuiltinTorch: return "built-in choice is torch";
+    case Fallback::kNeedWeights: return "need_weights=True";
+    case Fallback::kMask: return "attention mask";
+    case Fallback::kModuleSettings: return "module settings the op does not take";
     case Fallback::kCount: break;
   }
   return "?";

@@ -30,12 +30,17 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kernels/multihead_attention/multihead_attention_family.h"
+#include "src/dispatch.h"
 
 #if HFNN_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -184,9 +189,7 @@ bool matrix_ok(const at::Tensor& t) {
 
 int64_t ld_of(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
 
-#if HFNN_TORCH_CUDA
-constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
-
+// hfnn's dtypes (the GEMMs' and the packed keys'); nullopt for the rest (float64 runs torch's).
 std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return kernels::DType::kFloat32;
@@ -195,6 +198,9 @@ std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
     default: return std::nullopt;
   }
 }
+
+#if HFNN_TORCH_CUDA
+constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
 #endif
 
 void gemm(at::Tensor& d, const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, float beta = 0.0f,
@@ -509,6 +515,17 @@ void check_inputs(const at::Tensor& query, const at::Tensor& key, const at::Tens
               "hfnn.multi_head_attention: key and value must have the same batch and length");
 }
 
+bool autocast_on(c10::DeviceType device) {
+  return at::autocast::is_autocast_available(device) && at::autocast::is_autocast_enabled(device);
+}
+
+// The dtype the op computes a call in: autocast's where it is on for the query's device, else the
+// query's own.
+at::ScalarType compute_dtype(const at::Tensor& query) {
+  const c10::DeviceType device = query.device().type();
+  return autocast_on(device) ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
+}
+
 // The composite path (the math core, or torch's pick where that is math): ATen ops that autograd
 // differentiates one by one, and autocast casts one by one.
 at::Tensor composite(const std::array<const at::Tensor*, 3>& in, int64_t heads, const at::Tensor& in_w,
@@ -529,17 +546,17 @@ at::Tensor composite(const std::array<const at::Tensor*, 3>& in, int64_t heads, 
   return at::linear(merge_heads(o, batch_first), out_w, out_b);
 }
 
-at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                int64_t num_heads, const at::Tensor& in_proj_weight,
-                                const std::optional<at::Tensor>& in_proj_bias, const at::Tensor& out_proj_weight,
-                                const std::optional<at::Tensor>& out_proj_bias, bool batch_first, bool is_causal,
-                                double dropout_p, c10::string_view core_name) {
-  const Core named = core_or_throw(std::string_view(core_name.data(), core_name.size()));
+// The op with core `named`. `refusable`: where that core does not take the input, an undefined
+// tensor instead of an error (dispatch then runs something else).
+at::Tensor run_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t num_heads,
+                  const at::Tensor& in_proj_weight, const std::optional<at::Tensor>& in_proj_bias,
+                  const at::Tensor& out_proj_weight, const std::optional<at::Tensor>& out_proj_bias, bool batch_first,
+                  bool is_causal, double dropout_p, Core named, std::string_view core_name, bool refusable) {
   check_inputs(query, key, value, num_heads, in_proj_weight);
   // Autocast: cast once, keeping which of query, key and value are the same tensor.
   const c10::DeviceType device = query.device().type();
-  const bool autocast = at::autocast::is_autocast_available(device) && at::autocast::is_autocast_enabled(device);
-  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
+  const bool autocast = autocast_on(device);
+  const at::ScalarType dtype = compute_dtype(query);
   auto cast = [&](const at::Tensor& t) { return autocast && t.defined() ? at::autocast::cached_cast(dtype, t, device) : t; };
   const at::Tensor cq = cast(query);
   const at::Tensor ck = key.is_same(query) ? cq : cast(key);
@@ -557,8 +574,9 @@ at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, 
   std::array<at::Tensor, 3> views{p.q, p.k, p.v};
   if (grad)
     for (at::Tensor& t : views) t = t.detach().requires_grad_();
-  TORCH_CHECK(core_takes(named, views[0], views[1], views[2], dropout_p, is_causal), "hfnn.multi_head_attention: core ",
-              std::string(core_name), " does not take this input (dtype ", p.q.scalar_type(), ", head size ",
+  const bool takes = core_takes(named, views[0], views[1], views[2], dropout_p, is_causal);
+  if (!takes && refusable) return {};
+  TORCH_CHECK(takes, "hfnn.multi_head_attention: core ", std::string(core_name), " does not take this input (dtype ", p.q.scalar_type(), ", head size ",
               p.q.size(3), ", ", query.device(), "); hfnn.multi_head_attention_supports says which do");
   const Core core = resolve(named, views[0], views[1], views[2], dropout_p, is_causal);
   auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
@@ -567,6 +585,16 @@ at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, 
   }
   if (!grad) return run_forward(p, in, in_w, in_b, out_w, out_b, core, batch_first, is_causal, dropout_p, false).y;
   return MhaFunction::apply(cq, ck, cv, in_w, opt(in_b), out_w, opt(out_b), p, core, batch_first, is_causal, dropout_p);
+}
+
+at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                int64_t num_heads, const at::Tensor& in_proj_weight,
+                                const std::optional<at::Tensor>& in_proj_bias, const at::Tensor& out_proj_weight,
+                                const std::optional<at::Tensor>& out_proj_bias, bool batch_first, bool is_causal,
+                                double dropout_p, c10::string_view core_name) {
+  const std::string_view name(core_name.data(), core_name.size());
+  return run_op(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
+                batch_first, is_causal, dropout_p, core_or_throw(name), name, false);
 }
 
 bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -595,10 +623,148 @@ bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& ke
   return core_takes(*core, on_device(p.q, query), on_device(p.k, key), on_device(p.v, value), dropout_p, is_causal);
 }
 
+// ---- HFNN_DISPATCH_DB ------------------------------------------------------------------------------
+// Every nn.MultiheadAttention call under HFNN_DISPATCH_DB (python/hfnn/_families/multihead_attention.py
+// wraps its forward) and every hfnn.nn.MultiheadAttention call while a table is loaded comes here
+// first: one op call that checks what the op takes, packs the call's key, looks its winner up in
+// the table (a hash lookup; the GPU resolved once per device) and counts, then runs the winner's
+// core, or returns an undefined tensor (None in Python): the caller runs torch's module path. No
+// text is built and nothing but the counters is written on the way.
+
+namespace mha = kernels::multihead_attention;
+
+int family_index() {
+  static const int family = dispatch::Runtime::get().family_index(mha::kFamily.op);
+  return family;
+}
+
+// The core of each variant, by the index the table stores (mha::kCores is kFamily's variant order).
+const std::array<Core, mha::kCores.size()>& variant_cores() {
+  static const std::array<Core, mha::kCores.size()> cores = [] {
+    std::array<Core, mha::kCores.size()> out{};
+    for (size_t i = 0; i < out.size(); ++i) out[i] = core_or_throw(mha::kCores[i]);
+    return out;
+  }();
+  return cores;
+}
+
+#if HFNN_TORCH_CUDA
+dispatch::Gpu device_gpu(int device) {
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
+  return {props->name, fmt::format("{}.{}", props->major, props->minor), props->multiProcessorCount};
+}
+#endif
+
+// Which of query, key and value are one tensor, as the key records it.
+mha::Inputs inputs_of(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
+  if (query.is_same(key) && key.is_same(value)) return mha::Inputs::kSelf;
+  return key.is_same(value) ? mha::Inputs::kSharedKv : mha::Inputs::kSeparate;
+}
+
+// What a call with this table ran. `untuned_runs_op`: hfnn.nn.MultiheadAttention's calls (to_hfnn),
+// whose keys without a winner keep running the op with torch's pick of core, as without a table;
+// nn.MultiheadAttention's (the wrapper) run torch's module there, exactly as without hfnn.
+at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                         int64_t num_heads, const std::optional<at::Tensor>& in_proj_weight,
+                                         const std::optional<at::Tensor>& in_proj_bias,
+                                         const at::Tensor& out_proj_weight,
+                                         const std::optional<at::Tensor>& out_proj_bias, bool batch_first,
+                                         bool is_causal, double dropout_p, bool need_weights,
+                                         const std::optional<at::Tensor>& key_padding_mask,
+                                         const std::optional<at::Tensor>& attn_mask, bool extra_kv,
+                                         bool untuned_runs_op) {
+  auto& rt = dispatch::Runtime::get();
+  const int family = family_index();
+  auto torch_module = [&](dispatch::Fallback why) {
+    rt.count_fallback(family, mha::kTrain, why);
+    return at::Tensor();
+  };
+  const bool has_mask = attn_mask.has_value() && attn_mask->defined();
+  // What the op does not compute as torch's module would (torch's own checks and errors included:
+  // the causal hint without a mask is torch's error, which hfnn's module does not raise).
+  if (need_weights) return torch_module(dispatch::Fallback::kNeedWeights);
+  if ((key_padding_mask.has_value() && key_padding_mask->defined()) || (has_mask && !is_causal) ||
+      (is_causal && !has_mask && !untuned_runs_op))
+    return torch_module(dispatch::Fallback::kMask);
+  if (!in_proj_weight.has_value() || !in_proj_weight->defined() || extra_kv)
+    return torch_module(dispatch::Fallback::kModuleSettings);
+  const at::Tensor& in_w = *in_proj_weight;
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.is_nested() || key.is_nested() ||
+      value.is_nested() || num_heads <= 0 || query.size(2) % num_heads != 0 || key.size(2) != query.size(2) ||
+      value.size(2) != query.size(2) || key.sizes() != value.sizes() || in_w.dim() != 2 ||
+      in_w.size(0) != 3 * query.size(2) || in_w.size(1) != query.size(2))
+    return torch_module(dispatch::Fallback::kUnsupported);
+  auto run = [&](Core core, std::string_view name, bool refusable) {
+    return run_op(query, key, value, num_heads, in_w, in_proj_bias, out_proj_weight, out_proj_bias, batch_first,
+                  is_causal, dropout_p, core, name, refusable);
+  };
+  // Not tuned here: torch's module, or for hfnn's module the op with torch's pick.
+  auto untuned = [&](dispatch::Fallback why) {
+    rt.count_fallback(family, mha::kTrain, why);
+    return untuned_runs_op ? run(Core::kTorch, "", false) : at::Tensor();
+  };
+  if (!query.is_cuda()) return untuned(dispatch::Fallback::kCpuTensor);
+  const auto dtype = lt_dtype(compute_dtype(query));
+  if (!dtype) return untuned(dispatch::Fallback::kUnsupported);
+#if HFNN_TORCH_CUDA
+  const int64_t d0 = query.size(0), d1 = query.size(1), kv_len = key.size(batch_first ? 1 : 0);
+  const families::PackedKey packed =
+      mha::pack(batch_first ? d0 : d1, batch_first ? d1 : d0, kv_len, query.size(2), num_heads, *dtype, batch_first,
+                is_causal, inputs_of(query, key, value), in_proj_bias.has_value() && in_proj_bias->defined(),
+                dropout_p > 0);
+  const int device = query.get_device();
+  const dispatch::WinnerMap* map = rt.for_device(family, device, [&] { return device_gpu(device); });
+  dispatch::Pick pick;
+  if (map) {
+    const auto it = map->find(packed);
+    if (it != map->end()) pick = it->second[mha::kTrain];
+  }
+  if (pick.index == dispatch::Pick::kTorch) return torch_module(dispatch::Fallback::kTorchWon);
+  if (pick.index >= 0) {
+    const auto& cores = variant_cores();
+    const std::string_view name = static_cast<size_t>(pick.index) < cores.size() ? mha::kCores[pick.index] : "?";
+    at::Tensor out;
+    if (static_cast<size_t>(pick.index) < cores.size()) {
+      try {
+        out = run(cores[pick.index], name, true);
+      } catch (const c10::Error& e) {
+        // The core failed where torch's checks said it runs (a launch refused, memory): torch's
+        // module runs the call, as for LayerNorm's failed launches; HFNN_STRICT=1 makes it an error.
+        if (rt.strict()) throw;
+        rt.warn_once(fmt::format("mha:failed:{}", name),
+                     fmt::format("the tuned attention core {} failed ({}); that call ran torch's module",
+                                 name, e.what_without_backtrace()));
+        return torch_module(dispatch::Fallback::kLaunchFailed);
+      }
+    }
+    if (out.defined()) {
+      rt.count_variant(family, mha::kTrain, pick.index);
+      return out;
+    }
+    rt.warn_once(fmt::format("mha:refused:{}", name),
+                 fmt::format("the tuned attention core {} does not take a call of its key (dtype, strides or the "
+                             "torch.backends.cuda switches); those calls run torch's module",
+                             name));
+    return torch_module(dispatch::Fallback::kVariantRefused);
+  }
+  return untuned(map ? dispatch::Fallback::kNotTuned : dispatch::Fallback::kNoTable);
+#else
+  return untuned(dispatch::Fallback::kNoTable);
+#endif
+}
+
 }  // namespace
 }  // namespace hfnn::attention
 
 TORCH_LIBRARY_FRAGMENT(hfnn, m) {
+  // Returns None (an undefined tensor) where torch's module path is to run the call.
+  m.def(
+      "multi_head_attention_dispatch(Tensor query, Tensor key, Tensor value, int num_heads, Tensor? in_proj_weight, "
+      "Tensor? in_proj_bias, Tensor out_proj_weight, Tensor? out_proj_bias, bool batch_first, bool is_causal, "
+      "float dropout_p, bool need_weights, Tensor? key_padding_mask, Tensor? attn_mask, bool extra_kv, "
+      "bool untuned_runs_op) -> Tensor");
+  m.impl("multi_head_attention_dispatch", c10::DispatchKey::CompositeImplicitAutograd,
+         TORCH_FN(hfnn::attention::multi_head_attention_dispatch));
   m.def(
       "multi_head_attention(Tensor query, Tensor key, Tensor value, int num_heads, Tensor in_proj_weight, "
       "Tensor? in_proj_bias, Tensor out_proj_weight, Tensor? out_proj_bias, bool batch_first=False, "

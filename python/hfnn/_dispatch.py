@@ -9,6 +9,12 @@ F.layer_norm, custom modules calling them) runs the winner for its shape on this
 torch's own autograd, autocast and CUDA graphs. A key without a winner runs torch's kernel
 (HFNN_DISPATCH_POLICY=torch, the default) or hfnn's built-in choice (=heuristic).
 
+nn.MultiheadAttention (and nn.Transformer*Layer, which call it): where the table has attention
+keys, its forward is wrapped (hfnn/_families/multihead_attention.py) so every call asks one C++ op,
+which checks what hfnn's op takes, looks the call's packed key up and counts; a key's winning core
+runs as hfnn's op, everything else (untuned keys, keys torch won, need_weights=True, masks, kdim)
+runs torch's own forward as before.
+
 Nothing here stops training: a missing, corrupt or foreign database, one tuned on another GPU or
 torch, or an input no kernel takes means torch's kernel and one warning on stderr. HFNN_STRICT=1
 makes each of those an error instead (start-up problems end the process with exit code 1).
@@ -25,6 +31,10 @@ import os
 import sys
 
 
+# Whether install() loaded a table (or tried to) in this process: hfnn's own modules then ask it too.
+active = False
+
+
 def _fail_or_warn(message: str, strict: bool) -> None:
     if strict:
         print(f"hfnn: HFNN_STRICT=1: {message}", file=sys.stderr, flush=True)
@@ -33,7 +43,8 @@ def _fail_or_warn(message: str, strict: bool) -> None:
 
 
 def install(path: str) -> dict:
-    """Loads the table at `path` and routes LayerNorm through it; returns the load status."""
+    """Loads the table at `path` and routes every family through it (LayerNorm's torch op in C++,
+    nn.MultiheadAttention.forward where the table has attention keys); returns the load status."""
     import torch
 
     from . import __version__, _ops
@@ -52,6 +63,16 @@ def install(path: str) -> dict:
         _fail_or_warn(f"{status['problem']}; every call runs torch's kernels", strict)
     for note in status["notes"]:
         _fail_or_warn(note, strict)
+    global active
+    active = True
+    # Families whose op is reached through a Python module rather than a torch op the library
+    # registers over (attention: nn.MultiheadAttention.forward) install their routing here.
+    from . import _families
+
+    stats = dispatch_stats()
+    for family in _families.ALL:
+        if hasattr(family, "install_dispatch"):
+            family.install_dispatch(stats)
     if os.environ.get("HFNN_VERBOSE") == "1":
         if status["ok"]:
             print(f"hfnn: dispatch from {path}: {status['keys']} tuned key(s) for {', '.join(status['gpus'])}"
@@ -85,7 +106,7 @@ def dispatch_stats() -> dict:
     return json.loads(torch.ops.hfnn.dispatch_stats())
 
 
-_PASS_TITLES = {"fwd": "forward", "bwd": "backward"}
+_PASS_TITLES = {"fwd": "forward", "bwd": "backward", "train": "forward + backward"}
 
 
 def summary(stats: dict) -> str:

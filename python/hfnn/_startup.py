@@ -40,10 +40,22 @@ def _meta() -> dict:
     return meta
 
 
+def _compute_dtype(torch, t):
+    """The dtype an op computes `t` in: autocast's where autocast is on for its device (as hfnn's
+    attention op casts once), else its own."""
+    try:
+        if t.is_floating_point() and torch.is_autocast_enabled(t.device.type):
+            return torch.get_autocast_dtype(t.device.type)
+    except (AttributeError, TypeError, RuntimeError):  # a device type autocast does not know
+        pass
+    return t.dtype
+
+
 def _record_attention_shapes(torch) -> None:
     """Wraps nn.MultiheadAttention.forward so each call is a record_function scope whose name
     carries what picks an attention kernel: `hfnn.shape|multihead_attention|<query shape>|<dtype>|
-    <settings>`. The collector turns such scopes into shape records (with their CPU and CUDA time)
+    <settings>` (the dtype the call computes in: autocast's under autocast; the settings are what
+    kernels/multihead_attention's key_of reads). The collector turns such scopes into shape records (with their CPU and CUDA time)
     and keeps them out of the op table. Only in profiled processes."""
     from torch import nn
 
@@ -51,12 +63,15 @@ def _record_attention_shapes(torch) -> None:
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
+        inputs = "self" if query is key and key is value else "kv" if key is value else "qkv"
         settings = (f"embed={self.embed_dim},heads={self.num_heads},kv_len={key.shape[-2] if self.batch_first else key.shape[0]},"
                     f"batch_first={int(self.batch_first)},need_weights={int(bool(need_weights))},"
                     f"attn_mask={int(attn_mask is not None)},key_padding_mask={int(key_padding_mask is not None)},"
-                    f"causal={int(bool(is_causal))}")
+                    f"causal={int(bool(is_causal))},inputs={inputs},bias={int(self.in_proj_bias is not None)},"
+                    f"kdim={int(not self._qkv_same_embed_dim)},bias_kv={int(self.bias_k is not None or self.add_zero_attn)},"
+                    f"dropout={int(self.training and self.dropout > 0)}")
         shape = "[" + ",".join(str(d) for d in query.shape) + "]"
-        dtype = str(query.dtype).replace("torch.", "")
+        dtype = str(_compute_dtype(torch, query)).replace("torch.", "")
         with torch.autograd.profiler.record_function(f"hfnn.shape|multihead_attention|{shape}|{dtype}|{settings}"):
             return original(self, query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                             attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _ops
+from . import _dispatch, _ops
+from ._families import multihead_attention as _mha_family
 
 
 def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
@@ -36,7 +37,7 @@ class LayerNorm(nn.LayerNorm):
 
 
 # What MultiheadAttention calls ran: hfnn's op ("hfnn"), or torch's module path, counted per reason.
-# (Not in hfnn.dispatch_stats() yet: attention has no dispatch family until it is tunable.)
+# Under HFNN_DISPATCH_DB hfnn.dispatch_stats() also counts the calls hfnn's op takes, per core.
 attention_calls: "collections.Counter[str]" = collections.Counter()
 attention_fallbacks: "collections.Counter[str]" = collections.Counter()
 
@@ -78,12 +79,25 @@ class MultiheadAttention(nn.MultiheadAttention):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         why = _attention_fallback_reason(self, query, key, value, key_padding_mask, need_weights, attn_mask, is_causal)
-        if why is None:
+        if why is None and _dispatch.active:
+            # The table's winner for this call's key; a key without one runs torch's pick of core in the
+            # op, as without a table; None: the table says torch's module (torch won the tuning).
+            out = torch.ops.hfnn.multi_head_attention_dispatch(
+                query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight,
+                self.out_proj.bias, self.batch_first, bool(is_causal), self.dropout if self.training else 0.0,
+                False, None, None, False, True)
+            if out is not None:
+                attention_calls["hfnn"] += 1
+                return out, None
+            why = "HFNN_DISPATCH_DB: torch's module"
+        elif why is None:
             attention_calls["hfnn"] += 1
             out = torch.ops.hfnn.multi_head_attention(
                 query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight,
                 self.out_proj.bias, self.batch_first, bool(is_causal), self.dropout if self.training else 0.0, "")
             return out, None
         attention_fallbacks[why] += 1
-        return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
-                               attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+        # torch's own forward (not HFNN_DISPATCH_DB's wrapper of it, which would route the call again).
+        torch_forward = _mha_family.torch_forward or super().forward.__func__
+        return torch_forward(self, query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                             attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)

@@ -1,0 +1,203 @@
+// nn.MultiheadAttention's family description (kernels/multihead_attention/) on the CPU: the key of
+// a recorded call and the calls that map to none, the key's text and label, its packed form (which
+// the op builds from a call's tensors and dispatch looks winners up by), the one pass and its
+// variants, and a table with attention winners read back as the op would look them up.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "kernels/common/family.h"
+#include "kernels/multihead_attention/multihead_attention_family.h"
+#include "profiles/db.h"
+#include "src/dispatch.h"
+#include "tuner/tune_db.h"
+
+namespace hfnn::kernels::multihead_attention {
+namespace {
+
+// The settings the profiler records for a call (python/hfnn/_startup.py), with overrides.
+std::string flags(const std::string& extra = "", bool batch_first = true) {
+  std::string base = std::string("embed=1024,heads=16,kv_len=256,batch_first=") + (batch_first ? "1" : "0") +
+                     ",need_weights=0,attn_mask=0,key_padding_mask=0,causal=0,inputs=self,bias=1,kdim=0,bias_kv=0,"
+                     "dropout=0";
+  // Replace "name=value" pairs of `extra` in place.
+  size_t at = 0;
+  while (at < extra.size()) {
+    const size_t comma = extra.find(',', at);
+    const std::string part = extra.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const std::string name = part.substr(0, part.find('=') + 1);
+    const size_t where = base.find(name);
+    if (where == std::string::npos || (where > 0 && base[where - 1] != ',')) {
+      base += "," + part;
+    } else {
+      const size_t end = base.find(',', where);
+      base.replace(where, (end == std::string::npos ? base.size() : end) - where, part);
+    }
+    at = comma == std::string::npos ? extra.size() : comma + 1;
+  }
+  return base;
+}
+
+TEST(AttentionKey, ARecordedTrainingCallHasAKey) {
+  const auto k = key_of("[200,256,1024]", flags());
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->text(), "B=200,L=256,S=256,E=1024,H=16,batch_first=1,causal=0,inputs=self,bias=1,dropout=0");
+  // Sequence-first: the query is [L, B, E].
+  const auto s = key_of("[256,200,1024]", flags("", false));
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->batch, 200);
+  EXPECT_EQ(s->q_len, 256);
+  EXPECT_FALSE(s->batch_first);
+  // Cross-attention with a longer key, causal hint with its mask, no bias, dropout.
+  const auto c = key_of("[8,100,1024]", flags("kv_len=300,inputs=kv,attn_mask=1,causal=1,bias=0,dropout=1"));
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->text(), "B=8,L=100,S=300,E=1024,H=16,batch_first=1,causal=1,inputs=kv,bias=0,dropout=1");
+}
+
+TEST(AttentionKey, CallsTheOpDoesNotTakeHaveNone) {
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("need_weights=1")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("key_padding_mask=1")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("attn_mask=1")));  // a mask that is not the causal hint
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("kdim=1")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("bias_kv=1")));
+  EXPECT_FALSE(key_of("[256,1024]", flags()));              // unbatched
+  EXPECT_FALSE(key_of("[200,256,512]", flags()));           // the query's width is not embed
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("heads=5")));  // 1024 heads of 5 do not divide
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("heads=0")));
+  EXPECT_FALSE(key_of("[200,128,1024]", flags()));          // self-attention with another key length
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("inputs=both")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("causal=2")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("embed=x")));
+  EXPECT_FALSE(key_of("[200,256,1024]", "embed=1024,heads=16"));  // settings missing
+  EXPECT_FALSE(key_of("[200,256,1024]", ""));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags() + ",embed=1024"));  // a setting twice
+  EXPECT_FALSE(key_of("[200,x,1024]", flags()));
+}
+
+TEST(AttentionKey, ProfilesFromBeforeTheNewSettingsStillHaveKeys) {
+  const std::string old = "embed=1024,heads=16,kv_len=256,batch_first=1,need_weights=0,attn_mask=0,"
+                          "key_padding_mask=0,causal=0";
+  const auto self = key_of("[200,256,1024]", old);
+  ASSERT_TRUE(self);
+  EXPECT_EQ(self->inputs, Inputs::kSelf);
+  EXPECT_TRUE(self->bias);
+  EXPECT_FALSE(self->dropout);
+  const std::string cross = "embed=1024,heads=16,kv_len=77,batch_first=1,need_weights=0,attn_mask=0,"
+                            "key_padding_mask=0,causal=0";
+  ASSERT_TRUE(key_of("[200,256,1024]", cross));
+  EXPECT_EQ(key_of("[200,256,1024]", cross)->inputs, Inputs::kSharedKv);
+}
+
+TEST(AttentionKey, TextRoundTripsAndOnlyTheCanonicalSpellingParses) {
+  for (const std::string extra : {"", "inputs=kv,kv_len=77", "inputs=qkv,causal=1,attn_mask=1", "bias=0,dropout=1"}) {
+    const auto k = key_of("[3,256,1024]", flags(extra));
+    ASSERT_TRUE(k) << extra;
+    const auto back = parse_key(k->text());
+    ASSERT_TRUE(back) << k->text();
+    EXPECT_EQ(back->text(), k->text());
+  }
+  const std::string good = "B=2,L=4,S=4,E=8,H=2,batch_first=1,causal=0,inputs=self,bias=1,dropout=0";
+  EXPECT_TRUE(parse_key(good));
+  EXPECT_FALSE(parse_key("L=4,B=2,S=4,E=8,H=2,batch_first=1,causal=0,inputs=self,bias=1,dropout=0"));  // order
+  EXPECT_FALSE(parse_key(good + ",x=1"));
+  EXPECT_FALSE(parse_key("B=2,L=4,S=4,E=8,H=3,batch_first=1,causal=0,inputs=self,bias=1,dropout=0"));
+  EXPECT_FALSE(parse_key("B=02,L=4,S=4,E=8,H=2,batch_first=1,causal=0,inputs=self,bias=1,dropout=0"));
+  EXPECT_FALSE(parse_key("rows=1024,D=256,affine=1"));  // LayerNorm's
+  EXPECT_FALSE(parse_key(""));
+}
+
+TEST(AttentionFamily, DescribesOnePassWithACoreAVariant) {
+  const families::Family* f = families::find("multihead_attention");
+  ASSERT_EQ(f, &kFamily);
+  ASSERT_EQ(f->passes.size(), 1u);
+  EXPECT_EQ(f->passes[kTrain], "train");
+  const auto vs = f->variants("train");
+  ASSERT_EQ(vs.size(), kCores.size());
+  for (size_t i = 0; i < vs.size(); ++i) {
+    EXPECT_EQ(vs[i].name, kCores[i]);
+    EXPECT_FALSE(vs[i].idea.empty());
+    EXPECT_EQ(families::variant_index(*f, "train", kCores[i]), static_cast<int>(i));
+  }
+  EXPECT_EQ(families::variant_index(*f, "train", ""), -1);  // torch's pick is the baseline, no variant
+  EXPECT_TRUE(f->variants("fwd").empty());
+  EXPECT_LT(f->tolerance("float32"), f->tolerance("float16"));
+  EXPECT_LT(f->tolerance("float16"), f->tolerance("bfloat16"));
+  const families::RecordedShape shape{.shape = "[200,256,1024]", .normalized = "", .dtype = "bfloat16",
+                                      .flags = flags("causal=1,attn_mask=1"), .affine = true};
+  EXPECT_EQ(f->key_of(shape).value_or(""),
+            "B=200,L=256,S=256,E=1024,H=16,batch_first=1,causal=1,inputs=self,bias=1,dropout=0");
+}
+
+TEST(AttentionFamily, LabelsReadAtAGlance) {
+  EXPECT_EQ(kFamily.key_label("B=200,L=256,S=256,E=1024,H=16,batch_first=1,causal=0,inputs=self,bias=1,dropout=0"),
+            "200 x 256, 1024/16");
+  EXPECT_EQ(kFamily.key_label("B=8,L=100,S=300,E=512,H=8,batch_first=0,causal=1,inputs=kv,bias=0,dropout=1"),
+            "8 x 100 (kv 300), 512/8 cross causal seq-first no-bias dropout");
+  EXPECT_EQ(kFamily.key_label("not a key"), "not a key");
+}
+
+TEST(AttentionFamily, PackedKeysAgreeWithTheOpsAndTellEverySettingApart) {
+  const std::string text = "B=200,L=256,S=256,E=1024,H=16,batch_first=1,causal=0,inputs=self,bias=1,dropout=0";
+  const auto packed = kFamily.pack_key(text, "bfloat16");
+  ASSERT_TRUE(packed);
+  // What the op packs for such a call (src/multi_head_attention_op.cpp calls pack() alike).
+  EXPECT_EQ(*packed, pack(200, 256, 256, 1024, 16, DType::kBFloat16, true, false, Inputs::kSelf, true, false));
+  EXPECT_FALSE(kFamily.pack_key(text, "float64"));
+  EXPECT_FALSE(kFamily.pack_key("rows=1,D=2,affine=1", "float32"));
+  std::set<families::PackedKey> seen;
+  for (const DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
+    for (int bits = 0; bits < 16; ++bits)
+      for (const Inputs in : {Inputs::kSelf, Inputs::kSharedKv, Inputs::kSeparate})
+        EXPECT_TRUE(seen.insert(pack(2, 4, 4, 8, 2, d, bits & 1, bits & 2, in, bits & 4, bits & 8)).second);
+  EXPECT_NE(pack(2, 4, 6, 8, 2, DType::kFloat32, true, false, Inputs::kSelf, true, false),
+            pack(2, 6, 4, 8, 2, DType::kFloat32, true, false, Inputs::kSelf, true, false));
+}
+
+TEST(AttentionDispatch, ATablesAttentionWinnersAreFoundByTheOpsPackedKey) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(::testing::TempDir()) / "attention_winners.db";
+  fs::remove(path);
+  const dispatch::Versions versions{"2.11.0+cu130", "13.0", "0.1.0"};
+  const dispatch::Gpu h200{"NVIDIA H200", "9.0", 132};
+  {
+    profiles::Database db(path.string(), true);
+    tuner::TuneEnv env;
+    env.gpu = h200.name, env.compute_capability = h200.compute_capability, env.sm_count = h200.sm_count;
+    env.cuda = versions.cuda, env.torch = versions.torch, env.hfnn = versions.hfnn;
+    const int64_t id = tuner::env_id(db, env, true);
+    auto result = [](const std::string& winner) {
+      tuner::PassResult p;
+      p.pass = "train";
+      p.choice.winner = winner;
+      return std::vector<tuner::PassResult>{p};
+    };
+    tuner::store(db, id, "multihead_attention",
+                 "B=200,L=256,S=256,E=1024,H=16,batch_first=1,causal=0,inputs=self,bias=1,dropout=0", "bfloat16",
+                 result("sdpa_cudnn"));
+    tuner::store(db, id, "multihead_attention",
+                 "B=32,L=128,S=128,E=768,H=12,batch_first=1,causal=1,inputs=self,bias=1,dropout=0", "bfloat16",
+                 result("torch"));
+    tuner::store(db, id, "multihead_attention",
+                 "B=4,L=8,S=8,E=64,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0", "float32",
+                 result("sdpa_gone"));
+  }
+  const auto t = dispatch::Table::load(path.string(), versions);
+  EXPECT_EQ(t.key_count("multihead_attention"), 2u);
+  EXPECT_EQ(t.unknown_variants, std::vector<std::string>{"sdpa_gone"});
+  const dispatch::WinnerMap* map = t.for_gpu(h200, "multihead_attention");
+  ASSERT_NE(map, nullptr);
+  const auto won = map->find(pack(200, 256, 256, 1024, 16, DType::kBFloat16, true, false, Inputs::kSelf, true, false));
+  ASSERT_NE(won, map->end());
+  EXPECT_EQ(won->second[kTrain].index, 2);  // kCores[2]
+  EXPECT_EQ(kCores[2], "sdpa_cudnn");
+  const auto torch = map->find(pack(32, 128, 128, 768, 12, DType::kBFloat16, true, true, Inputs::kSelf, true, false));
+  ASSERT_NE(torch, map->end());
+  EXPECT_EQ(torch->second[kTrain].index, dispatch::Pick::kTorch);
+  // Another setting of the same sizes is another key: not tuned.
+  EXPECT_EQ(map->count(pack(200, 256, 256, 1024, 16, DType::kBFloat16, true, true, Inputs::kSelf, true, false)), 0u);
+  EXPECT_EQ(map->count(pack(200, 256, 256, 1024, 16, DType::kFloat16, true, false, Inputs::kSelf, true, false)), 0u);
+}
+
+}  // namespace
+}  // namespace hfnn::kernels::multihead_attention

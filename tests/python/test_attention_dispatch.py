@@ -1,0 +1,228 @@
+"""nn.MultiheadAttention through the whole chain (issue 11): `hfnn profile` records its keys, `hfnn
+tune` measures torch's module and every core (tune worker: hfnn/_families/multihead_attention.py),
+HFNN_DISPATCH_DB runs each tuned key's winner (the C++ op hfnn::multi_head_attention_dispatch,
+reached through a wrapper of nn.MultiheadAttention.forward) and counts calls per core and fall-backs
+per reason in hfnn.dispatch_stats(). On the CPU the tables come from the stand-in tune worker
+(tests/python/scripts/fake_tune_worker.py) naming a real core; on a GPU the real worker tunes."""
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hfnn
+from conftest import requires_gpu
+
+HFNN = shutil.which("hfnn")
+SCRIPTS = Path(__file__).parent / "scripts"
+TRAIN = SCRIPTS / "mha_train.py"
+pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
+# Per step, mha_train.py makes 2 causal self-attention calls and 1 cross-attention call the op takes,
+# 1 with need_weights=True and 1 with a padding mask.
+TAKEN, STEPS = 3, 3
+
+
+def run(*args, timeout=240, **env):
+    e = dict(os.environ, **env)
+    for k in ("HFNN_PROFILE_DIR", "HFNN_DISPATCH_DB"):
+        if k not in env:
+            e.pop(k, None)
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def profile(db, device):
+    out = run(HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable, str(TRAIN), device, "4")
+    assert out.returncode == 0, out.stderr
+    return db
+
+
+def fake_tune(db, winner, gpu=False, **env):
+    """`hfnn tune` with the stand-in worker: `winner` (a core, or "torch" by timing the core slower)
+    wins every attention key, for this machine's versions (and its GPU, with gpu=True)."""
+    e = dict(HFNN_TUNE_WORKER=str(SCRIPTS / "fake_tune_worker.py"), FAKE_TUNE_TORCH=torch.__version__,
+             FAKE_TUNE_CUDA=torch.version.cuda or "", FAKE_TUNE_HFNN=hfnn.__version__,
+             FAKE_TUNE_WINNER_TRAIN="sdpa_math" if winner == "torch" else winner,
+             FAKE_TUNE_GOOD_US="200" if winner == "torch" else "50", **env)
+    if gpu:
+        props = torch.cuda.get_device_properties(0)
+        e.update(FAKE_TUNE_GPU=props.name, FAKE_TUNE_CC=f"{props.major}.{props.minor}",
+                 FAKE_TUNE_SMS=str(props.multi_processor_count))
+    out = run(HFNN, "tune", "-q", "--db", str(db), "--python", sys.executable, **e)
+    assert out.returncode == 0, out.stderr
+    return db
+
+
+def train(device, db=None, mode="", **env):
+    if db is not None:
+        env["HFNN_DISPATCH_DB"] = str(db)
+    out = run(sys.executable, str(TRAIN), device, str(STEPS), mode, **env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def mha(stats):
+    return stats["ops"]["multihead_attention"]
+
+
+@pytest.fixture(scope="module")
+def cpu_db(tmp_path_factory):
+    return fake_tune(profile(tmp_path_factory.mktemp("mha") / "shapes.db", "cpu"), "sdpa_efficient")
+
+
+def test_tune_lists_attention_keys_with_their_settings(cpu_db):
+    keys = sqlite3.connect(cpu_db).execute(
+        "SELECT key, dtype, pass, winner FROM tune_winners WHERE op = 'multihead_attention' ORDER BY key").fetchall()
+    assert keys == [
+        ("B=4,L=16,S=16,E=32,H=4,batch_first=1,causal=1,inputs=self,bias=1,dropout=0", "float32", "train",
+         "sdpa_efficient"),
+        ("B=4,L=16,S=24,E=32,H=4,batch_first=0,causal=0,inputs=kv,bias=1,dropout=0", "float32", "train",
+         "sdpa_efficient"),
+    ]  # need_weights=True and the padding mask have no key
+    out = run(HFNN, "tune", "--dry-run", "--force", "--db", str(cpu_db))
+    assert out.returncode == 0, out.stderr
+    assert "2 MultiheadAttention key(s)" in out.stdout and "4 x 16 (kv 24), 32/4 cross seq-first" in out.stdout
+    assert "no variants for multihead_attention" not in out.stdout
+    report = run(HFNN, "report", "--db", str(cpu_db))
+    assert report.returncode == 0, report.stderr
+    assert "MultiheadAttention 4 x 16, 32/4 causal" in report.stdout and "sdpa_efficient" in report.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the real worker tunes")
+def test_tune_on_a_machine_without_a_gpu_says_so(tmp_path):
+    db = profile(tmp_path / "shapes.db", "cpu")
+    out = run(HFNN, "tune", "--db", str(db), "--python", sys.executable)
+    assert out.returncode == 1 and "no CUDA device" in out.stderr and "Traceback" not in out.stderr
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM tune_winners").fetchone() == (0,)
+
+
+def test_dispatch_counts_every_attention_call_and_changes_nothing_on_the_cpu(cpu_db):
+    plain, _ = train("cpu")
+    tuned, err = train("cpu", cpu_db, HFNN_VERBOSE="1")
+    assert tuned["wrapped"] and not plain["wrapped"]
+    assert tuned["losses"] == plain["losses"]  # torch's module ran every call
+    m = mha(tuned["stats"])
+    assert m["keys"] == 2
+    assert m["calls"]["train"] == {"torch": (TAKEN + 2) * STEPS}
+    assert m["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS, "need_weights=True": STEPS,
+                                       "attention mask": STEPS}
+    assert "MultiheadAttention forward + backward: 15 calls" in err and "torch because CPU tensor: 9" in err
+
+
+def test_hfnn_modules_keep_their_op_under_dispatch(cpu_db):
+    plain, _ = train("cpu", mode="to_hfnn")
+    tuned, _ = train("cpu", cpu_db, mode="to_hfnn")
+    assert tuned["hfnn_calls"] == plain["hfnn_calls"] == {"hfnn": TAKEN * STEPS}
+    assert tuned["losses"] == plain["losses"]
+    # hfnn's module asks the table (a CPU call: counted, then torch's pick of core in hfnn's op), and
+    # its fall-backs reach torch's own forward, not the wrapper (no call counted twice).
+    assert mha(tuned["stats"])["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS}
+
+
+def test_a_table_without_attention_keys_leaves_the_module_alone(tmp_path):
+    db = tmp_path / "ln_only.db"
+    subprocess.run([HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable,
+                    str(SCRIPTS / "tiny_train.py"), "3"], check=True, capture_output=True, timeout=120)
+    fake_tune(db, "fwd_block")
+    tuned, _ = train("cpu", db)
+    assert not tuned["wrapped"]
+    assert mha(tuned["stats"])["calls"]["train"] == {}
+
+
+def test_the_dispatch_op_names_every_reason(cpu_db):
+    """The C++ router itself, in this process (no table loaded: CPU calls)."""
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 3, 8)
+    route = torch.ops.hfnn.multi_head_attention_dispatch
+    args = (x, x, x, 2, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, True)
+    torch.ops.hfnn.dispatch_reset_counts()
+    assert route(*args, False, 0.0, True, None, None, False, False) is None
+    assert route(*args, False, 0.0, False, torch.zeros(2, 3, dtype=torch.bool), None, False, False) is None
+    assert route(*args, False, 0.0, False, None, torch.zeros(3, 3), False, False) is None
+    assert route(*args, False, 0.0, False, None, None, True, False) is None
+    assert route(x, x, x, 2, None, None, m.out_proj.weight, m.out_proj.bias, True, False, 0.0, False, None, None,
+                 False, False) is None
+    assert route(x[0], x[0], x[0], 2, *args[4:], False, 0.0, False, None, None, False, False) is None
+    assert route(*args, False, 0.0, False, None, None, False, False) is None  # CPU: torch's module
+    y = route(*args, False, 0.0, False, None, None, False, True)  # hfnn's module: the op with torch's pick
+    torch.testing.assert_close(y, m(x, x, x, need_weights=False)[0])
+    fallbacks = mha(hfnn.dispatch_stats())["fallbacks"]["train"]
+    assert fallbacks == {"need_weights=True": 1, "attention mask": 2, "module settings the op does not take": 2,
+                         "input no variant takes": 1, "CPU tensor": 2}
+
+
+# ---- on a GPU -----------------------------------------------------------------------------------------
+
+@requires_gpu
+@pytest.mark.parametrize("key", [
+    "B=4,L=64,S=64,E=128,H=4,batch_first=1,causal=1,inputs=self,bias=1,dropout=0",
+    "B=3,L=40,S=72,E=96,H=3,batch_first=0,causal=0,inputs=kv,bias=0,dropout=0",
+    "B=2,L=33,S=17,E=64,H=8,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=1",
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_measure_times_every_core_and_the_gate_rejects_the_planted_one(key, dtype):
+    from hfnn._families import multihead_attention as fam
+
+    tol = {"float32": 2e-3, "bfloat16": 3e-2}[dtype]  # kernels/multihead_attention's tolerance
+    r = fam.measure(torch, hfnn, {"key": key, "dtype": dtype, "passes": ["train"], "seconds": 1.0},
+                    torch.cuda.get_device_properties(0).L2_cache_size, plant=True)
+    by = {c["name"]: c for c in r["candidates"]}
+    assert "torch" in by and "planted_wrong" in by
+    for name, c in by.items():
+        assert c.get("ran", True), (name, c)
+        assert len(c["samples_us"]) >= 7 and min(c["samples_us"]) > 0, name
+        assert c["pass"] == "train"
+    torch_err = by["torch"]["max_error"]
+    cores = [n for n in by if n.startswith("sdpa_")]
+    assert "sdpa_math" in cores and len(cores) >= 2, cores  # math takes everything; a fused core takes these
+    for n in cores + ["torch"]:
+        assert by[n]["max_error"] <= max(tol, 2 * torch_err), (n, by[n]["max_error"])
+    assert by["planted_wrong"]["max_error"] > max(tol, 2 * torch_err)  # what the tuner's gate rejects
+    assert any("graph_us" in c for c in by.values())  # GPU time under replay beside the wall time
+
+
+@requires_gpu
+def test_dispatch_runs_the_stored_core_on_the_gpu(tmp_path):
+    db = fake_tune(profile(tmp_path / "shapes.db", "cuda"), "sdpa_efficient", gpu=True)
+    plain, _ = train("cuda")
+    tuned, _ = train("cuda", db)
+    m = mha(tuned["stats"])
+    assert m["calls"]["train"] == {"sdpa_efficient": TAKEN * STEPS, "torch": 2 * STEPS}
+    assert m["fallbacks"]["train"] == {"need_weights=True": STEPS, "attention mask": STEPS}
+    for a, b in zip(tuned["losses"], plain["losses"]):
+        assert abs(a - b) <= 1e-4 * abs(b), (tuned["losses"], plain["losses"])
+    torch_won = fake_tune(profile(tmp_path / "torch.db", "cuda"), "torch", gpu=True)
+    tuned, _ = train("cuda", torch_won)
+    assert mha(tuned["stats"])["fallbacks"]["train"]["torch won the tuning"] == TAKEN * STEPS
+    assert tuned["losses"] == plain["losses"]
+
+
+@requires_gpu
+def test_profile_tune_dispatch_end_to_end_on_the_gpu(tmp_path):
+    """The real chain: profile, tune with the real worker (every core timed and gated), then train
+    under HFNN_DISPATCH_DB: each key's calls ran its stored winner, and the losses match torch's."""
+    db = profile(tmp_path / "shapes.db", "cuda")
+    out = run(HFNN, "tune", "--db", str(db), "--python", sys.executable, "--seconds-per-key", "1",
+              HFNN_TUNE_PLANT_WRONG="1")
+    assert out.returncode == 0, out.stderr
+    con = sqlite3.connect(db)
+    winners = dict(con.execute("SELECT key, winner FROM tune_winners WHERE op = 'multihead_attention'").fetchall())
+    assert len(winners) == 2 and "planted_wrong" not in winners.values()
+    assert con.execute("SELECT count(*) FROM tune_results WHERE candidate = 'planted_wrong' AND accepted = 1"
+                       ).fetchone() == (0,)
+    plain, _ = train("cuda")
+    tuned, _ = train("cuda", db)
+    calls = mha(tuned["stats"])["calls"]["train"]
+    # Per step the causal key runs twice, the cross key once; the other two calls are torch's.
+    expected = {}
+    for key, winner in winners.items():
+        n = (2 if "causal=1" in key else 1) * STEPS
+        expected[winner] = expected.get(winner, 0) + n
+    expected["torch"] = expected.get("torch", 0) + 2 * STEPS
+    assert calls == expected, (calls, winners)
+    for a, b in zip(tuned["losses"], plain["losses"]):
+        assert abs(a - b) <= 1e-4 * abs(b), (tuned["losses"], plain["losses"])
