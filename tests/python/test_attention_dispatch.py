@@ -182,7 +182,6 @@ def test_measure_times_every_core_and_the_gate_rejects_the_planted_one(key, dtyp
     for n in cores + ["torch"]:
         assert by[n]["max_error"] <= max(tol, 2 * torch_err), (n, by[n]["max_error"])
     assert by["planted_wrong"]["max_error"] > max(tol, 2 * torch_err)  # what the tuner's gate rejects
-    assert any("graph_us" in c for c in by.values())  # GPU time under replay beside the wall time
 
 
 @requires_gpu
