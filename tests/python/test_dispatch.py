@@ -153,7 +153,7 @@ def test_many_processes_open_the_same_table_at_once(tmp_path):
     db = tuned_db(tmp_path / "shapes.db")
     env = dict(os.environ, HFNN_DISPATCH_DB=str(db))
     procs = [subprocess.Popen([sys.executable, str(TRAIN), "cpu", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for _ in range(6)]
+                              text=True, env=env) for _ in range(4)]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
     assert all(json.loads(r[0].splitlines()[-1])["keys"] == 2 for r in results)
