@@ -79,17 +79,19 @@ class MultiheadAttention(nn.MultiheadAttention):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         why = _attention_fallback_reason(self, query, key, value, key_padding_mask, need_weights, attn_mask, is_causal)
-        if why is None and _dispatch.active:
-            # The table's winner for this call's key; a key without one runs torch's pick of core in the
-            # op, as without a table; None: the table says torch's module (torch won the tuning).
+        if _dispatch.active and _ops.available and not torch.compiler.is_compiling():
+            # Every call asks the table, as plain modules' do under HFNN_DISPATCH_DB, so
+            # hfnn.dispatch_stats() counts each call and each fall-back's reason once: the winner
+            # for the call's key; a key without one runs torch's pick of core in the op, as without
+            # a table; None: torch's module (a call the op does not take, or torch won the tuning).
             out = torch.ops.hfnn.multi_head_attention_dispatch(
                 query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight,
                 self.out_proj.bias, self.batch_first, bool(is_causal), self.dropout if self.training else 0.0,
-                False, None, None, False, True)
+                bool(need_weights), key_padding_mask, attn_mask, self.bias_k is not None or self.add_zero_attn, True)
             if out is not None:
                 attention_calls["hfnn"] += 1
                 return out, None
-            why = "HFNN_DISPATCH_DB: torch's module"
+            why = why or "HFNN_DISPATCH_DB: torch's module"
         elif why is None:
             attention_calls["hfnn"] += 1
             out = torch.ops.hfnn.multi_head_attention(

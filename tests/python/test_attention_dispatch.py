@@ -118,9 +118,14 @@ def test_hfnn_modules_keep_their_op_under_dispatch(cpu_db):
     tuned, _ = train("cpu", cpu_db, mode="to_hfnn")
     assert tuned["hfnn_calls"] == plain["hfnn_calls"] == {"hfnn": TAKEN * STEPS}
     assert tuned["losses"] == plain["losses"]
-    # hfnn's module asks the table (a CPU call: counted, then torch's pick of core in hfnn's op), and
-    # its fall-backs reach torch's own forward, not the wrapper (no call counted twice).
-    assert mha(tuned["stats"])["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS}
+    # hfnn's module asks the table for every call (a CPU call: counted, then torch's pick of core in
+    # hfnn's op; need_weights and the padding mask: counted with their reasons, as plain modules'
+    # are), and its fall-backs reach torch's own forward, not the wrapper (no call counted twice).
+    m = mha(tuned["stats"])
+    assert m["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS, "need_weights=True": STEPS,
+                                       "attention mask": STEPS}
+    assert m["calls"]["train"] == {"torch": (TAKEN + 2) * STEPS}
+    assert tuned["hfnn_fallbacks"] == plain["hfnn_fallbacks"]  # hfnn.nn.attention_fallbacks: the same either way
 
 
 def test_a_table_without_attention_keys_leaves_the_module_alone(tmp_path):
