@@ -1,5 +1,6 @@
 #include "kernels/multihead_attention/multihead_attention_family.h"
 
+#include <charconv>
 #include <map>
 #include <string_view>
 
@@ -33,12 +34,11 @@ std::optional<std::map<std::string, std::string, std::less<>>> settings(std::str
 // A non-negative integer setting; nullopt where it is absent or not a plain number.
 std::optional<int64_t> number(const std::map<std::string, std::string, std::less<>>& s, std::string_view name) {
   const auto it = s.find(name);
-  if (it == s.end() || it->second.empty() || it->second.size() > 18) return std::nullopt;
+  if (it == s.end()) return std::nullopt;
+  const std::string& text = it->second;
   int64_t v = 0;
-  for (const char c : it->second) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || text[0] == '-') return std::nullopt;
   return v;
 }
 
