@@ -18,7 +18,8 @@
 #   widths    tests/python/test_layer_norm_widths.py: every variant at every width (1 to 262,144)
 #   sweep     bench/layer_norm_sweep.py: LayerNorm over 56 widths x 3 sizes x 3 dtypes, torch and
 #             every variant ($SWEEP_CANDIDATES: others; $SWEEP_ARGS adds options)
-#   sweep-align  the same for the sweep's 12 widths with 4- or 8-byte rows alone, to merge
+#   sweep-align  the same for the sweep's 12 widths with 4- or 8-byte rows alone, and its odd
+#             widths in float32 (4-byte rows), to merge
 #   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
@@ -174,6 +175,10 @@ if want sweep-align; then
   timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_sweep-align-$gpu.json" \
     --candidates torch variants --widths align 2>&1 | tee "$OUT/sweep-align.log" | grep -E "FAILED|wrote|copy" | head -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # float32 rows of odd widths are 4-byte aligned: the wide variants take them too
+  timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_sweep-odd32-$gpu.json" \
+    --candidates torch variants --widths 33 127 255 1023 4097 12289 --dtypes float32 2>&1 | tee "$OUT/sweep-odd32.log" \
+    | grep -E "FAILED|wrote|copy" | head -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want default-check; then
   timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-$gpu.json" \

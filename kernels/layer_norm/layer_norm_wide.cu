@@ -17,8 +17,12 @@
 //                               bwd_clusters' cap: 1.04-1.37x the best variant before from D = 1,536
 //                               to 65,536 (bench/README.md, "Backward sums in shared memory").
 //
-// x is read once and y (dx) written once, from registers; 16-byte accesses, so cols must be a
-// multiple of 16 / sizeof(T) and the pointers 16-byte aligned (the block variants take the rest).
+// x is read once and y (dx) written once, from registers, in the widest accesses the rows allow:
+// 16 bytes, else 8 or 4 (rows and pointers aligned that far). A thread holds as many accesses at
+// every width, not as many bytes: each access costs about the same registers (its address and
+// predicate) whatever its width, and holding 4x the 4-byte accesses took 128 registers and spilled
+// (H200, float32, D = 4,097: 158 against 37 us at 4,096). Rows aligned to only 2 bytes (16-bit, odd
+// cols) are left to the block variants.
 // Forward: two-pass variance within each part, the parts combined by Chan's formula
 // (M2 = sum of M2_r + n_r (mean_r - mean)^2), so no E[x^2] - E[x]^2 cancellation anywhere.
 // Backward: a persistent grid; each thread owns the same columns for the whole kernel and sums its
@@ -43,17 +47,20 @@ constexpr int kMaxThreads = 512;
 constexpr int kSmemSumsMaxThreads = 256;
 
 // A launch: blockDim = (threads, rows), `rows` row-groups of `threads` threads, each group on one
-// row at a time; the row's 16-byte accesses split over the cluster's blocks, `part` for each
+// row at a time; the row's accesses of `bytes` split over the cluster's blocks, `part` for each
 // block, `nv` for each thread.
 struct WideShape {
   int threads = 0;
   int rows = 0;
   int nv = 0;
+  int bytes = 16;
   int64_t part = 0;
   bool ok() const { return threads > 0; }
 };
 
-int64_t accesses(int64_t cols, DType dtype) { return cols / static_cast<int64_t>(16 / dtype_size(dtype)); }
+int64_t accesses(int64_t cols, DType dtype, int bytes) {
+  return cols / static_cast<int64_t>(bytes / static_cast<int>(dtype_size(dtype)));
+}
 
 // Accesses per thread: forward 4 (64 bytes in flight, twice that with the next row's), fewer only
 // where the part has under a warp's worth of 4, 8 where 4 would need over 512 threads; backward 2
@@ -66,7 +73,7 @@ int64_t accesses(int64_t cols, DType dtype) { return cols / static_cast<int64_t>
 // registers, more blocks per SM) and 1 in bfloat16 (73% against 69%).
 constexpr int kFwdBlockThreads = 128, kBwdBlockThreads = 256;
 
-WideShape wide_shape(int64_t cols, DType dtype, int cluster, bool backward, bool smem_sums = false) {
+WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool backward, bool smem_sums = false) {
   // The backward's float32 may widen to 4 where 2 would need over 512 threads (a one-block row up
   // to 8,192 columns: 85% of copy bandwidth there against 63% split over a cluster); 16-bit types
   // would need 64 float sums a thread at 4. With the sums in shared memory (smem_sums) every dtype
@@ -74,10 +81,17 @@ WideShape wide_shape(int64_t cols, DType dtype, int cluster, bool backward, bool
   // against 4 where a row-group of 2 fits: 36.0 against 38.7 us at D = 2,048, 51.1 against 55.1 at
   // 10,240 (c8; 4 leaves 24 of 64 lanes idle there), 3% behind at 32,768 (c8).
   const int max_threads = smem_sums ? kSmemSumsMaxThreads : kMaxThreads;
-  const int max_nv = backward ? (smem_sums || dtype_size(dtype) == 4 ? 4 : 2) : 8;
+  // Narrower accesses hold fewer bytes: the backward may take 8 of them, so that rows of 65,538
+  // 16-bit columns (4-byte accesses) still fit 16 blocks; not 8 of 8 bytes with the sums in
+  // registers (ptxas, sm_90: 476 bytes of spill in bf16, 64 in float32).
+  const int max_nv = !backward ? 8
+                     : bytes == 16 ? (smem_sums || dtype_size(dtype) == 4 ? 4 : 2)
+                     : (bytes == 4 || smem_sums) ? 8
+                                                 : 4;
   const int preferred = backward ? 2 : 4;
   WideShape s;
-  const int64_t acc = accesses(cols, dtype);
+  s.bytes = bytes;
+  const int64_t acc = accesses(cols, dtype, bytes);
   s.part = (acc + cluster - 1) / cluster;
   int nv = preferred;
   while (nv > 1 && s.part < 32 * nv) nv /= 2;
@@ -94,14 +108,32 @@ WideShape wide_shape(int64_t cols, DType dtype, int cluster, bool backward, bool
 // Whether the row splits into `cluster` parts of at least a warp's accesses each, every block
 // with some of the row.
 bool splits(int64_t cols, DType dtype, const WideShape& s, int cluster) {
-  return s.ok() && s.part >= 32 && (cluster - 1) * s.part < accesses(cols, dtype);
+  return s.ok() && s.part >= 32 && (cluster - 1) * s.part < accesses(cols, dtype, s.bytes);
 }
 
-bool vectorizable(int64_t cols, DType dtype, std::initializer_list<const void*> pointers) {
-  if (cols % (16 / static_cast<int64_t>(dtype_size(dtype))) != 0) return false;
-  for (const void* p : pointers)
-    if (p && !aligned16(p)) return false;
-  return true;
+// The access width for rows of `cols` at `pointers`: 16, 8 or 4 bytes; 0 where the rows are
+// aligned to less than 4 bytes (16-bit, odd cols), which the wide variants do not take.
+int wide_access_bytes(int64_t cols, DType dtype, std::initializer_list<const void*> pointers) {
+  const int bytes = access_bytes(cols, static_cast<int>(dtype_size(dtype)), pointers);
+  return bytes >= 4 ? bytes : 0;
+}
+
+// A pack the compiler must treat as changed here (an empty asm): it cannot keep floats unpacked
+// from it alive past this point instead of the pack's registers.
+template <typename T, int kBytes>
+__device__ __forceinline__ void opaque(Pack<T, kBytes>& v) {
+  if constexpr (kBytes == 16) asm volatile("" : "+r"(v.raw.x), "+r"(v.raw.y), "+r"(v.raw.z), "+r"(v.raw.w));
+  else if constexpr (kBytes == 8) asm volatile("" : "+r"(v.raw.x), "+r"(v.raw.y));
+  else asm volatile("" : "+r"(v.raw));
+}
+
+// The backward's shared-memory sums (kSmemSums) are read and written kW floats at a time (kW the
+// floats of an access, at most 4): float4, float2 or float.
+template <int kW>
+using SumVec = std::conditional_t<kW == 4, float4, std::conditional_t<kW == 2, float2, float>>;
+template <int kW>
+__device__ __forceinline__ float& sum_lane(SumVec<kW>& v, int k) {
+  return reinterpret_cast<float*>(&v)[k];
 }
 
 // Sum over the row-group (blockDim.x threads, whole warps): shuffles, then the group's warps in a
@@ -163,9 +195,9 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
   return w;
 }
 
-template <typename T, int kNv>
+template <typename T, int kNv, int kBytes>
 __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
-  constexpr int kV = kVec<T>;
+  constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
@@ -183,25 +215,25 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p
   allow_next_grid();
 
   // The group's row starting at row0, as loaded (zeros past the last row and the part's end).
-  auto load = [&](int64_t row0, Pack<T> (&dst)[kNv]) {
+  auto load = [&](int64_t row0, Pack<T, kBytes> (&dst)[kNv]) {
     const int64_t row = row0 + group;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      dst[i] = row < p.rows && a < a1 ? load_pack(x + a * kV) : zero_pack<T>();
+      dst[i] = row < p.rows && a < a1 ? load_pack<T, kBytes>(x + a * kV) : zero_pack<T, kBytes>();
     }
   };
   // The loop bound is the cluster's first row: every block of the cluster, and every thread of a
   // block, runs the same iterations (the barriers need them all); groups past the last row compute
   // on zeros and store nothing. The next rows' loads are issued before this row's sums, so they are
   // in flight through the reductions and the cluster barrier (software pipelining).
-  Pack<T> next[kNv];
+  Pack<T, kBytes> next[kNv];
   const int64_t first = cid * blockDim.y;
   if (first < p.rows) load(first, next);
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
-    Pack<T> cur[kNv];
+    Pack<T, kBytes> cur[kNv];
 #pragma unroll
     for (int i = 0; i < kNv; ++i) cur[i] = next[i];
     if (row0 + stride < p.rows) load(row0 + stride, next);  // uniform over the cluster
@@ -264,10 +296,10 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p
         for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
         if (gamma) {
           float g[kV];
-          unpack(load_pack(gamma + a * kV), g);
+          unpack(load_pack<T, kBytes>(gamma + a * kV), g);
           if (beta) {
             float b[kV];
-            unpack(load_pack(beta + a * kV), b);
+            unpack(load_pack<T, kBytes>(beta + a * kV), b);
 #pragma unroll
             for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
           } else {
@@ -276,11 +308,11 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p
           }
         } else if (beta) {
           float b[kV];
-          unpack(load_pack(beta + a * kV), b);
+          unpack(load_pack<T, kBytes>(beta + a * kV), b);
 #pragma unroll
           for (int k = 0; k < kV; ++k) out[k] += b[k];
         }
-        store_pack(y + a * kV, pack<T>(out));
+        store_pack(y + a * kV, pack<T, kBytes>(out));
       }
       if (rank == 0 && lane == 0 && p.mean) {
         p.mean[row] = mean;
@@ -303,24 +335,26 @@ constexpr int bwd_min_blocks(int nv) { return nv <= 1 ? 2 : 1; }
 // at every width measured on the H200 (D = 1,024 to 65,536, bf16 and fp16).
 constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 
-// kSmemSums: each thread's dgamma/dbeta sums live in shared memory, [kNv * kV / 2][256] float4s
-// (a warp's float4s contiguous: no bank conflicts), read, added to and written back once a row,
-// instead of 2 x kNv x kV registers: in 16-bit, those registers (more than the packed x and dy)
-// are what kept the kernel at 2 blocks an SM with 64 bytes a thread in flight.
-template <typename T, int kNv, bool kSmemSums = false>
+// kSmemSums: each thread's dgamma/dbeta sums live in shared memory, [2 x kNv x kV / kW][256]
+// vectors of kW floats (a warp's vectors contiguous: no bank conflicts), read, added to and written
+// back once a row, instead of 2 x kNv x kV registers: in 16-bit, those registers (more than the
+// packed x and dy) are what kept the kernel at 2 blocks an SM with 64 bytes a thread in flight.
+template <typename T, int kNv, int kBytes, bool kSmemSums = false>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part) {
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order; kSmemSums: the sums above.
   extern __shared__ float fold[];
-  constexpr int kV = kVec<T>;
-  constexpr int kQ = kV / 4;  // float4s of an access's sums
+  constexpr int kV = kVec<T, kBytes>;
+  constexpr int kW = kV < 4 ? kV : 4;    // floats of a sum vector
+  constexpr int kQ = kV / kW;            // sum vectors of an access's dgamma (and of its dbeta)
+  using Sum = SumVec<kW>;
   // Slots strided by the largest block, a compile-time constant: one address register for them all.
   constexpr int kStride = kSmemSumsMaxThreads;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  float4* const sums4 = reinterpret_cast<float4*>(fold) + tid;
-  // This thread's float4 j of access i: dgamma's at j < kQ, dbeta's at kQ + j.
-  auto slot = [&](int i, int j) -> float4& { return sums4[(i * 2 * kQ + j) * kStride]; };
+  Sum* const sums = reinterpret_cast<Sum*>(fold) + tid;
+  // This thread's vector j of access i: dgamma's at j < kQ, dbeta's at kQ + j.
+  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * kStride]; };
   __shared__ float2 red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
@@ -342,7 +376,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   for (int i = 0; i < kNv; ++i) {
     if constexpr (kSmemSums) {
 #pragma unroll
-      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = make_float4(0.f, 0.f, 0.f, 0.f);  // own slots: no barrier
+      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};  // own slots: no barrier
     } else {
 #pragma unroll
       for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
@@ -350,7 +384,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   }
   auto gamma_of = [&](int64_t a, float (&out)[kV]) {
     if (gamma) {
-      unpack(load_pack(gamma + a * kV), out);
+      unpack(load_pack<T, kBytes>(gamma + a * kV), out);
     } else {
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = 1.f;
@@ -358,7 +392,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   };
 
   // The group's row starting at row0, as loaded: x, dy, mean and rstd (zeros past the end).
-  Pack<T> next_x[kNv], next_dy[kNv];
+  Pack<T, kBytes> next_x[kNv], next_dy[kNv];
   float next_mean = 0.f, next_rstd = 0.f;
   auto load = [&](int64_t row0) {
     const int64_t row = row0 + group;
@@ -371,10 +405,10 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
       if (valid && a < a1) {
-        next_x[i] = load_pack(x + a * kV);
-        next_dy[i] = load_pack(dy + a * kV);
+        next_x[i] = load_pack<T, kBytes>(x + a * kV);
+        next_dy[i] = load_pack<T, kBytes>(dy + a * kV);
       } else {
-        next_x[i] = next_dy[i] = zero_pack<T>();
+        next_x[i] = next_dy[i] = zero_pack<T, kBytes>();
       }
     }
   };
@@ -382,7 +416,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   if (first < p.rows) load(first);
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
-    Pack<T> xs[kNv], ds[kNv];
+    Pack<T, kBytes> xs[kNv], ds[kNv];
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       xs[i] = next_x[i];
@@ -413,17 +447,14 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
       if constexpr (kSmemSums) {
 #pragma unroll
         for (int j = 0; j < kQ; ++j) {
-          float4 g4 = slot(i, j), b4 = slot(i, kQ + j);
-          g4.x = fmaf(dv[4 * j], xhat[4 * j], g4.x);
-          g4.y = fmaf(dv[4 * j + 1], xhat[4 * j + 1], g4.y);
-          g4.z = fmaf(dv[4 * j + 2], xhat[4 * j + 2], g4.z);
-          g4.w = fmaf(dv[4 * j + 3], xhat[4 * j + 3], g4.w);
-          b4.x += dv[4 * j];
-          b4.y += dv[4 * j + 1];
-          b4.z += dv[4 * j + 2];
-          b4.w += dv[4 * j + 3];
-          slot(i, j) = g4;
-          slot(i, kQ + j) = b4;
+          Sum g = slot(i, j), b = slot(i, kQ + j);
+#pragma unroll
+          for (int k = 0; k < kW; ++k) {
+            sum_lane<kW>(g, k) = fmaf(dv[kW * j + k], xhat[kW * j + k], sum_lane<kW>(g, k));
+            sum_lane<kW>(b, k) += dv[kW * j + k];
+          }
+          slot(i, j) = g;
+          slot(i, kQ + j) = b;
         }
       } else {
 #pragma unroll
@@ -439,8 +470,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     // block per SM). An empty asm that "changes" the packs forbids reusing the floats.
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
-      asm volatile("" : "+r"(xs[i].raw.x), "+r"(xs[i].raw.y), "+r"(xs[i].raw.z), "+r"(xs[i].raw.w));
-      asm volatile("" : "+r"(ds[i].raw.x), "+r"(ds[i].raw.y), "+r"(ds[i].raw.z), "+r"(ds[i].raw.w));
+      opaque(xs[i]);
+      opaque(ds[i]);
     }
     sums = group_total(sums, red[parity]);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -478,7 +509,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
           out[k] = fmaf(ca, dv[k] * gv[k], fmaf(cc, xhat, cb));
         }
       }
-      store_pack(dx + a * kV, pack<T>(out));
+      store_pack(dx + a * kV, pack<T, kBytes>(out));
     }
   }
 
@@ -496,12 +527,10 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
             if (a0 + i * tpr + lane >= a1) continue;
 #pragma unroll
             for (int j = 0; j < 2 * kQ; ++j) {
-              float4 mine = slot(i, j);
-              const float4 before = sums4[(i * 2 * kQ + j) * kStride - tpr];
-              mine.x += before.x;
-              mine.y += before.y;
-              mine.z += before.z;
-              mine.w += before.w;
+              Sum mine = slot(i, j);
+              Sum before = sums[(i * 2 * kQ + j) * kStride - tpr];
+#pragma unroll
+              for (int k = 0; k < kW; ++k) sum_lane<kW>(mine, k) += sum_lane<kW>(before, k);
               slot(i, j) = mine;
             }
           }
@@ -514,7 +543,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
           if (a >= a1) continue;
 #pragma unroll
           for (int which = 0; which < 2; ++which) {
-            float4* dst = reinterpret_cast<float4*>(partials + (which * clusters + cid) * cols + a * kV);
+            // cols is a multiple of kV: the row's start, and a * kV, are kW-float aligned
+            Sum* dst = reinterpret_cast<Sum*>(partials + (which * clusters + cid) * cols + a * kV);
 #pragma unroll
             for (int j = 0; j < kQ; ++j) dst[j] = slot(i, which * kQ + j);
           }
@@ -553,22 +583,28 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #endif
 }
 
-// Calls f.template operator()<T, kNv>() for the instantiation of shape s; cudaErrorInvalidValue
-// for an nv a direction does not instantiate.
+// Calls f.template operator()<T, kNv, kBytes>() for the instantiation of shape s;
+// cudaErrorInvalidValue for an nv a direction does not instantiate or an access under 4 bytes.
 template <bool kBackward, bool kSmemSums = false, typename F>
-cudaError_t with_wide(DType dtype, int nv, F&& f) {
+cudaError_t with_wide(DType dtype, const WideShape& s, F&& f) {
   return dispatch_dtype(dtype, [&]<typename T>() -> cudaError_t {
-    switch (nv) {
-      case 1: return f.template operator()<T, 1>();
-      case 2: return f.template operator()<T, 2>();
-      case 4:
-        if constexpr (!kBackward || sizeof(T) == 4 || kSmemSums) return f.template operator()<T, 4>();
-        break;
-      case 8:
-        if constexpr (!kBackward) return f.template operator()<T, 8>();
-        break;
-    }
-    return cudaErrorInvalidValue;
+    return with_access_bytes<T>(s.bytes, [&]<int kBytes>() -> cudaError_t {
+      if constexpr (kBytes >= 4) {
+        switch (s.nv) {
+          case 1: return f.template operator()<T, 1, kBytes>();
+          case 2: return f.template operator()<T, 2, kBytes>();
+          case 4:
+            if constexpr (!kBackward || sizeof(T) == 4 || kSmemSums || kBytes < 16)
+              return f.template operator()<T, 4, kBytes>();
+            break;
+          case 8:
+            if constexpr (!kBackward || kBytes == 4 || (kBytes == 8 && kSmemSums))
+              return f.template operator()<T, 8, kBytes>();
+            break;
+        }
+      }
+      return cudaErrorInvalidValue;
+    });
   });
 }
 
@@ -581,16 +617,19 @@ bool shape_fits(K kernel, const WideShape& s, std::size_t smem, int cluster, con
          resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, cluster, device) > 0;
 }
 
-bool fwd_ok(const FwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && p.device.device >= 0 && vectorizable(p.cols, p.dtype, {p.x, p.y, p.gamma, p.beta});
+// The access width the wide variants use for p (16, 8 or 4 bytes); 0: they do not take p.
+int fwd_bytes(const FwdParams& p) {
+  if (p.rows <= 0 || p.cols <= 0 || p.device.device < 0) return 0;
+  return wide_access_bytes(p.cols, p.dtype, {p.x, p.y, p.gamma, p.beta});
 }
 
-bool bwd_ok(const BwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && p.device.device >= 0 && vectorizable(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
+int bwd_bytes(const BwdParams& p) {
+  if (p.rows <= 0 || p.cols <= 0 || p.device.device < 0) return 0;
+  return wide_access_bytes(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
 }
 
 std::size_t bwd_fold_bytes(const WideShape& s, DType dtype, bool smem_sums = false) {
-  const std::size_t vec = 16 / dtype_size(dtype);
+  const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
   if (smem_sums)  // 2 x nv x vec float sums for each thread of the largest block (the slots' stride)
     return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float);
   return s.rows > 1 ? static_cast<std::size_t>(s.part) * vec * sizeof(float) : 0;
@@ -620,20 +659,24 @@ int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int clust
 
 template <int kCluster>
 bool fwd_wide_supports(const FwdParams& p) {
-  if (!fwd_ok(p)) return false;
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, false);
+  const int bytes = fwd_bytes(p);
+  if (!bytes) return false;
+  const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(p.cols, p.dtype, s, kCluster)) return false;
-  return with_wide<false>(p.dtype, s.nv, [&]<typename T, int kNv>() {
-           return shape_fits(fwd_wide_kernel<T, kNv>, s, 0, kCluster, p.device) ? cudaSuccess : cudaErrorInvalidValue;
+  return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
+           return shape_fits(fwd_wide_kernel<T, kNv, kBytes>, s, 0, kCluster, p.device) ? cudaSuccess
+                                                                                       : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
 template <int kCluster>
 cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, false);
+  const int bytes = fwd_bytes(p);
+  if (!bytes) return cudaErrorInvalidValue;
+  const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
-  return with_wide<false>(p.dtype, s.nv, [&]<typename T, int kNv>() -> cudaError_t {
-    auto kernel = fwd_wide_kernel<T, kNv>;
+  return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
+    auto kernel = fwd_wide_kernel<T, kNv, kBytes>;
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
@@ -647,23 +690,28 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
 
 template <int kCluster, bool kSmemSums>
 bool bwd_wide_supports(const BwdParams& p) {
-  if (!bwd_ok(p)) return false;
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true, kSmemSums);
+  const int bytes = bwd_bytes(p);
+  if (!bytes) return false;
+  const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(p.cols, p.dtype, s, kCluster)) return false;
   const std::size_t smem = bwd_fold_bytes(s, p.dtype, kSmemSums);
-  return with_wide<true, kSmemSums>(p.dtype, s.nv, [&]<typename T, int kNv>() {
-           return shape_fits(bwd_wide_kernel<T, kNv, kSmemSums>, s, smem, kCluster, p.device) ? cudaSuccess
-                                                                                             : cudaErrorInvalidValue;
+  return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
+           return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, s, smem, kCluster, p.device)
+                      ? cudaSuccess
+                      : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
 template <int kCluster, bool kSmemSums>
 std::size_t bwd_wide_workspace(const BwdParams& p) {
-  if (!p.dgamma && !p.dbeta) return 0;
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true, kSmemSums);
+  const int access = bwd_bytes(p);
+  if ((!p.dgamma && !p.dbeta) || !access) return 0;
+  const WideShape s = wide_shape(p.cols, p.dtype, access, kCluster, true, kSmemSums);
   std::size_t bytes = 0;
-  with_wide<true, kSmemSums>(p.dtype, s.nv, [&]<typename T, int kNv>() {
-    bytes = 2 * static_cast<std::size_t>(bwd_clusters(bwd_wide_kernel<T, kNv, kSmemSums>, p, s, kCluster, kSmemSums)) *
+  with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
+    bytes = 2 *
+            static_cast<std::size_t>(
+                bwd_clusters(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, p, s, kCluster, kSmemSums)) *
             static_cast<std::size_t>(p.cols) * sizeof(float);
     return cudaSuccess;
   });
@@ -672,10 +720,12 @@ std::size_t bwd_wide_workspace(const BwdParams& p) {
 
 template <int kCluster, bool kSmemSums>
 cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
-  const WideShape s = wide_shape(p.cols, p.dtype, kCluster, true, kSmemSums);
+  const int bytes = bwd_bytes(p);
+  if (!bytes) return cudaErrorInvalidValue;
+  const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
-  return with_wide<true, kSmemSums>(p.dtype, s.nv, [&]<typename T, int kNv>() -> cudaError_t {
-    auto kernel = bwd_wide_kernel<T, kNv, kSmemSums>;
+  return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
+    auto kernel = bwd_wide_kernel<T, kNv, kBytes, kSmemSums>;
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
