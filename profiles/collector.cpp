@@ -121,10 +121,14 @@ std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
   key.dtype = dtype_name(x.scalar_type());
   key.phase = "fwd";
   if (inputs[1].isTensorList()) {
+    // hx = [h0, c0]: c0's last size is the hidden size, h0's the projection's where proj_size is set.
     const auto hx = inputs[1].toTensorList();
-    const int64_t hidden = hx.size() > 0 ? hx.get(0).size(-1) : -1;
-    key.flags = fmt::format("input={},hidden={},layers={},bidirectional={},batch_first={},bias={}", x.size(-1), hidden,
-                            inputs[4].toInt(), int(inputs[7].toBool()), int(inputs[8].toBool()), int(inputs[3].toBool()));
+    const int64_t hidden = hx.size() > 1 ? hx.get(1).size(-1) : -1;
+    const int64_t h_size = hx.size() > 0 ? hx.get(0).size(-1) : -1;
+    const bool dropout = inputs[5].toDouble() > 0.0 && inputs[6].toBool();  // between layers, in training
+    key.flags = fmt::format("input={},hidden={},layers={},bidirectional={},batch_first={},bias={},proj={},dropout={}",
+                            x.size(-1), hidden, inputs[4].toInt(), int(inputs[7].toBool()), int(inputs[8].toBool()),
+                            int(inputs[3].toBool()), h_size != hidden ? h_size : 0, int(dropout));
   } else {
     key.flags = "packed";
   }

@@ -59,4 +59,48 @@ std::optional<std::vector<int64_t>> parse_dims(std::string_view text) {
   return dims;
 }
 
+std::optional<Settings> parse_settings(std::string_view text) {
+  Settings out;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    const std::string_view part = text.substr(0, comma);
+    const size_t eq = part.find('=');
+    if (eq == std::string_view::npos || eq == 0) return std::nullopt;
+    if (!out.emplace(std::string(part.substr(0, eq)), std::string(part.substr(eq + 1))).second) return std::nullopt;
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  return out;
+}
+
+std::optional<int64_t> setting_number(const Settings& s, std::string_view name) {
+  const auto it = s.find(name);
+  if (it == s.end()) return std::nullopt;
+  const std::string& text = it->second;
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || text[0] == '-') return std::nullopt;
+  return v;
+}
+
+std::optional<bool> setting_flag(const Settings& s, std::string_view name, std::optional<bool> fallback) {
+  if (!s.count(name)) return fallback;
+  const auto v = setting_number(s, name);
+  if (!v || *v > 1) return std::nullopt;
+  return *v == 1;
+}
+
+std::string settings_suffix(bool batch_first, bool bias, bool dropout) {
+  std::string out;
+  if (!batch_first) out += " seq-first";
+  if (!bias) out += " no-bias";
+  if (dropout) out += " dropout";
+  return out;
+}
+
+double per_dtype(const std::string& dtype, double float32, double float16, double bfloat16) {
+  if (dtype == "float16") return float16;
+  if (dtype == "bfloat16") return bfloat16;
+  return float32;
+}
+
 }  // namespace hfnn::families

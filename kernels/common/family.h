@@ -7,6 +7,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,6 +60,25 @@ struct Family {
   std::optional<PackedKey> (*pack_key)(const std::string& key, const std::string& dtype);
 };
 
+// The passes of a family whose forward and backward are tied (a variant's backward reads the state
+// its own forward saved: attention's cores, LSTM's persistent kernels): one winner per key, timed
+// as a training step calls them.
+inline constexpr std::array<std::string_view, 1> kTrainPasses = {"train"};
+
+// A Family::key_of made of a family's own key_of(shape, flags), whose key has text().
+template <auto kKeyOf>
+std::optional<std::string> key_text_of(const RecordedShape& s) {
+  const auto key = kKeyOf(s.shape, s.flags);
+  if (!key) return std::nullopt;
+  return key->text();
+}
+
+// What a key's label shows of the common settings where they are not the usual ones:
+// " seq-first no-bias dropout" (empty for batch-first, biased, no dropout).
+std::string settings_suffix(bool batch_first, bool bias, bool dropout);
+// A value per dtype name: float16's, bfloat16's, and float32's for the rest (Family::tolerance).
+double per_dtype(const std::string& dtype, double float32, double float16, double bfloat16);
+
 // The position of `pass` in family.passes (dispatch counts and looks up winners by it); -1 for none.
 int pass_index(const Family& family, std::string_view pass);
 // The position of variant `name` in family.variants(pass); -1 where this build has no such variant.
@@ -72,5 +93,14 @@ std::string op_names();
 
 // "[1,128,256]" -> {1, 128, 256}; "[]" -> {}; nullopt for anything else (negative sizes too).
 std::optional<std::vector<int64_t>> parse_dims(std::string_view text);
+
+// A recorded call's settings or a key's text, "a=1,b=x" -> {a: "1", b: "x"}; nullopt for a part
+// without '=' or a name given twice.
+using Settings = std::map<std::string, std::string, std::less<>>;
+std::optional<Settings> parse_settings(std::string_view text);
+// A non-negative integer setting; nullopt where it is absent or not a plain number.
+std::optional<int64_t> setting_number(const Settings& s, std::string_view name);
+// A 0/1 setting: `fallback` where absent (older profiles), nullopt where it is anything else.
+std::optional<bool> setting_flag(const Settings& s, std::string_view name, std::optional<bool> fallback = std::nullopt);
 
 }  // namespace hfnn::families

@@ -1,7 +1,5 @@
 #include "kernels/multihead_attention/multihead_attention_family.h"
 
-#include <charconv>
-#include <map>
 #include <string_view>
 
 namespace hfnn::kernels::multihead_attention {
@@ -17,38 +15,12 @@ std::optional<Inputs> inputs_from(std::string_view name) {
   return std::nullopt;
 }
 
-// "a=1,b=x" -> {a: "1", b: "x"}; nullopt for a part without '=' or a name given twice.
-std::optional<std::map<std::string, std::string, std::less<>>> settings(std::string_view text) {
-  std::map<std::string, std::string, std::less<>> out;
-  while (!text.empty()) {
-    const size_t comma = text.find(',');
-    const std::string_view part = text.substr(0, comma);
-    const size_t eq = part.find('=');
-    if (eq == std::string_view::npos || eq == 0) return std::nullopt;
-    if (!out.emplace(std::string(part.substr(0, eq)), std::string(part.substr(eq + 1))).second) return std::nullopt;
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-  }
-  return out;
-}
+using families::Settings;
 
-// A non-negative integer setting; nullopt where it is absent or not a plain number.
-std::optional<int64_t> number(const std::map<std::string, std::string, std::less<>>& s, std::string_view name) {
-  const auto it = s.find(name);
-  if (it == s.end()) return std::nullopt;
-  const std::string& text = it->second;
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || text[0] == '-') return std::nullopt;
-  return v;
-}
-
-// A 0/1 setting: `fallback` where absent (older profiles), nullopt where it is anything else.
-std::optional<bool> flag(const std::map<std::string, std::string, std::less<>>& s, std::string_view name,
-                         std::optional<bool> fallback = std::nullopt) {
-  if (!s.count(name)) return fallback;
-  const auto v = number(s, name);
-  if (!v || *v > 1) return std::nullopt;
-  return *v == 1;
+std::optional<Settings> settings(std::string_view text) { return families::parse_settings(text); }
+std::optional<int64_t> number(const Settings& s, std::string_view name) { return families::setting_number(s, name); }
+std::optional<bool> flag(const Settings& s, std::string_view name, std::optional<bool> fallback = std::nullopt) {
+  return families::setting_flag(s, name, fallback);
 }
 
 bool valid(const Key& k) {
@@ -120,14 +92,7 @@ std::optional<Key> parse_key(const std::string& text) {
 
 namespace {
 
-constexpr std::array<std::string_view, 1> kPasses = {"train"};
-static_assert(kPasses[kTrain] == "train", "kTrain indexes kPasses");
-
-std::optional<std::string> recorded_key(const families::RecordedShape& s) {
-  const auto key = key_of(s.shape, s.flags);
-  if (!key) return std::nullopt;
-  return key->text();
-}
+static_assert(families::kTrainPasses[kTrain] == "train", "kTrain indexes the passes");
 
 std::string key_label(const std::string& text) {
   const auto k = parse_key(text);
@@ -138,10 +103,7 @@ std::string key_label(const std::string& text) {
   if (k->inputs == Inputs::kSharedKv) out += " cross";
   if (k->inputs == Inputs::kSeparate) out += " q,k,v";
   if (k->causal) out += " causal";
-  if (!k->batch_first) out += " seq-first";
-  if (!k->bias) out += " no-bias";
-  if (k->dropout) out += " dropout";
-  return out;
+  return out + families::settings_suffix(k->batch_first, k->bias, k->dropout);
 }
 
 double gate_tolerance(const std::string& dtype) {
@@ -150,14 +112,12 @@ double gate_tolerance(const std::string& dtype) {
   // in-projection's weight gradient summing every token. float32 allows TF32 GEMMs where the
   // user's torch.backends.cuda.matmul.allow_tf32 does (10 mantissa bits); the gate also passes
   // anything within twice torch's own error on the same inputs.
-  if (dtype == "float16") return 5e-3;
-  if (dtype == "bfloat16") return 3e-2;
-  return 2e-3;
+  return families::per_dtype(dtype, 2e-3, 5e-3, 3e-2);
 }
 
 std::vector<families::VariantInfo> core_variants(std::string_view pass) {
   std::vector<families::VariantInfo> out;
-  if (pass != kPasses[kTrain]) return out;
+  if (pass != families::kTrainPasses[kTrain]) return out;
   const std::array<std::string_view, kCores.size()> ideas = {
       "torch's flash-attention kernel (fp16/bf16, head size a multiple of 8)",
       "torch's memory-efficient (xFormers) kernel: any dtype, short sequences",
@@ -180,8 +140,8 @@ std::optional<families::PackedKey> pack_stored(const std::string& text, const st
 
 const families::Family kFamily = {
     .op = "multihead_attention", .title = "MultiheadAttention", .key_header = "B x L (kv S), E/heads",
-    .passes = kPasses, .key_of = &recorded_key, .key_label = &key_label, .tolerance = &gate_tolerance,
-    .variants = &core_variants, .pack_key = &pack_stored,
+    .passes = families::kTrainPasses, .key_of = &families::key_text_of<&key_of>, .key_label = &key_label,
+    .tolerance = &gate_tolerance, .variants = &core_variants, .pack_key = &pack_stored,
 };
 
 }  // namespace hfnn::kernels::multihead_attention

@@ -328,7 +328,31 @@ def test_lstm_shapes_are_recorded_with_their_settings(tmp_path):
     ((shape, dtype, flags, calls),) = rows(tmp_path / "shapes.db",
                                            "SELECT shape, dtype, flags, calls FROM shape_stats WHERE op = 'lstm'")
     assert (shape, dtype, calls) == ("[4,32,64]", "float32", 2)
-    assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1"
+    assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1,proj=0,dropout=0"
+
+
+_LSTM_SETTINGS = r"""
+import torch
+from torch import nn
+torch.manual_seed(0)
+nets = [nn.LSTM(16, 32, num_layers=2, dropout=0.5, bidirectional=True),   # seq-first, dropout between layers
+        nn.LSTM(16, 32, proj_size=8, batch_first=True, bias=False)]
+for step in range(3):
+    nets[0](torch.randn(5, 3, 16))[0].sum().backward()
+    nets[1](torch.randn(3, 5, 16))[0].sum().backward()
+"""
+
+
+def test_lstm_projection_and_dropout_are_recorded(tmp_path):
+    # What the LSTM family's key reads (kernels/lstm/lstm_family.h): proj_size runs torch's path,
+    # dropout between layers in training is part of the key.
+    script = tmp_path / "lstm_settings.py"
+    script.write_text(_LSTM_SETTINGS)
+    out = profile(tmp_path, "-q", str(script))
+    assert out.returncode == 0, out.stderr
+    got = dict(rows(tmp_path / "shapes.db", "SELECT shape, flags FROM shape_stats WHERE op = 'lstm'"))
+    assert got == {"[5,3,16]": "input=16,hidden=32,layers=2,bidirectional=1,batch_first=0,bias=1,proj=0,dropout=1",
+                   "[3,5,16]": "input=16,hidden=32,layers=1,bidirectional=0,batch_first=1,bias=0,proj=8,dropout=0"}
 
 
 def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
