@@ -266,6 +266,8 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
         shape_row.step();
         shape_row.reset();
       }
+      // The kernel's raw name, as CUPTI reports it (mangled for C++ kernels), as every schema kept
+      // it: the reports demangle it on reading (profiles/kernel_names.h), older files alike.
       for (const auto& k : part.value("kernels", nlohmann::json::array())) {
         kernel_row.bind(1, run_id).bind(2, rank).bind(3, k["name"].get<std::string>()).bind(4, k["calls"].get<int64_t>());
         kernel_row.bind(5, k["cuda_us"].get<double>());

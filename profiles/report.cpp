@@ -10,23 +10,6 @@
 
 namespace hfnn::profiles {
 
-std::string op_category(const std::string& name) {
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("layer_norm")) return "layer_norm";
-  if (has("log_softmax")) return "elementwise";  // a loss, not attention
-  if (has("attention") || has("softmax") || has("flash") || has("fmha")) return "attention";
-  if (has("lstm") || has("rnn")) return "lstm";
-  if (has("nccl") || has("c10d") || has("all_reduce") || has("allreduce") || has("all_gather") || has("broadcast"))
-    return "communication";
-  for (const char* g : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                        "aten::einsum", "aten::_scaled_mm", "gemm"})
-    if (name == g || (name.rfind(g, 0) == 0 && name.size() == std::string(g).size())) return "gemm";
-  if (has("gemm") || has("cutlass") || has("xmma") || has("cublas")) return "gemm";  // kernel names
-  if (name.rfind("aten::", 0) == 0 || has("elementwise") || has("vectorized") || has("reduce_kernel"))
-    return "elementwise";  // the remaining aten ops: pointwise, copies, reductions
-  return "other";
-}
-
 nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
   if (run_id == 0) run_id = db.latest_run();
   Statement run(db.handle(),
@@ -107,9 +90,10 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
     const std::string name = ops.column_text(0);
     const double self = has_cuda ? ops.column_double(5) : ops.column_double(3);
     total_self += self;
-    categories[op_category(name)] += self;
+    const std::string category = op_category(name);
+    categories[category] += self;
     if (static_cast<int>(top.size()) < top_ops)
-      top.push_back({{"name", name}, {"phase", ops.column_text(1)}, {"calls", ops.column_int(2)},
+      top.push_back({{"name", name}, {"category", category}, {"phase", ops.column_text(1)}, {"calls", ops.column_int(2)},
                      {"cpu_self_us", ops.column_double(3)}, {"cpu_total_us", ops.column_double(4)},
                      {"cuda_self_us", has_cuda ? nlohmann::json(ops.column_double(5)) : nlohmann::json()},
                      {"cuda_total_us", has_cuda ? nlohmann::json(ops.column_double(6)) : nlohmann::json()},
@@ -132,10 +116,13 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
     kt.step();
     kernel_total = kt.column_double(0);
   }
-  while (ks.step())
-    kernels.push_back({{"name", ks.column_text(0)}, {"calls", ks.column_int(1)}, {"cuda_us", ks.column_double(2)},
-                       {"share", kernel_total > 0 ? ks.column_double(2) / kernel_total : 0.0},
-                       {"category", op_category(ks.column_text(0))}});
+  while (ks.step()) {
+    // The database keeps CUPTI's raw (mangled) names, older files too: demangled here, on reading.
+    const KernelName k = describe_kernel(ks.column_text(0));
+    kernels.push_back({{"name", k.full}, {"short_name", k.short_name}, {"raw_name", k.raw}, {"category", k.category},
+                       {"library", k.library}, {"calls", ks.column_int(1)}, {"cuda_us", ks.column_double(2)},
+                       {"share", kernel_total > 0 ? ks.column_double(2) / kernel_total : 0.0}});
+  }
   r["kernels"] = kernels;
   nlohmann::json cats = nlohmann::json::object();
   for (const auto& [k, v] : categories) cats[k] = total_self > 0 ? v / total_self : 0.0;
@@ -212,13 +199,14 @@ std::string report_text(const nlohmann::json& r) {
                        cuda ? fmt::format(" {:>12.3f}", o["cpu_self_us"].get<double>() / 1e3) : std::string());
   }
   if (!r["kernels"].empty()) {
-    out += fmt::format("\nTop kernels by CUDA time\n  {:<70} {:>7} {:>10} {:>7}\n", "kernel", "calls", "CUDA ms", "share");
-    for (const auto& k : r["kernels"]) {
-      std::string name = k["name"].get<std::string>();
-      if (name.size() > 70) name = name.substr(0, 67) + "...";
-      out += fmt::format("  {:<70} {:>7} {:>10.3f} {:>6.1f}%\n", name, k["calls"].get<int64_t>(),
-                         k["cuda_us"].get<double>() / 1e3, 100 * k["share"].get<double>());
-    }
+    // Names as torch.profiler's table shows them (demangled, cut to its 55-wide column); the JSON
+    // report has them whole.
+    out += fmt::format("\nTop kernels by CUDA time\n  {:<{}} {:<13} {:<13} {:>7} {:>10} {:>7}\n", "kernel",
+                       kShortNameWidth, "category", "library", "calls", "CUDA ms", "share");
+    for (const auto& k : r["kernels"])
+      out += fmt::format("  {:<{}} {:<13} {:<13} {:>7} {:>10.3f} {:>6.1f}%\n", k["short_name"].get<std::string>(),
+                         kShortNameWidth, k["category"].get<std::string>(), k["library"].get<std::string>(),
+                         k["calls"].get<int64_t>(), k["cuda_us"].get<double>() / 1e3, 100 * k["share"].get<double>());
   }
   out += "\nShare by category:";
   std::vector<std::pair<double, std::string>> cats;
@@ -366,7 +354,7 @@ std::string report_csv(const nlohmann::json& r) {
                                    "cpu_total_us", "cuda_self_us", "cuda_total_us", "share", "shape",
                                    "normalized_shape", "dtype", "affine", "flags", "run_pct",
                                    "rank", "steps", "mean_ms", "gpu_busy_ms", "forward_op", "key", "gpu", "winner",
-                                   "torch_us", "best_us", "speedup"};
+                                   "torch_us", "best_us", "speedup", "category", "library"};
   std::string out;
   for (const char* c : kColumns) out += std::string(out.empty() ? "" : ",") + c;
   out += "\n";

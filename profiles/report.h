@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "profiles/db.h"
+#include "profiles/kernel_names.h"
 
 namespace hfnn::profiles {
 
@@ -14,10 +15,9 @@ namespace hfnn::profiles {
 inline constexpr std::pair<const char*, const char*> kModuleShapeOps[] = {
     {"multihead_attention", "MultiheadAttention query shapes"}, {"lstm", "LSTM input shapes"}};
 
-// The op category a name falls in: layer_norm, attention, lstm, gemm, communication, elementwise, other.
-std::string op_category(const std::string& op_name);
-
-// The report of run `run_id` (0: the newest) as JSON: run, steps, top ops, categories, shapes.
+// The report of run `run_id` (0: the newest) as JSON: run, steps, top ops (each with its `category`),
+// categories, kernels (each with its demangled `name`, the `short_name` the tables show, the
+// `raw_name` the database keeps, its `category` and `library`: profiles/kernel_names.h), shapes.
 nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15);
 // The same as text for a terminal (with the tune section when the report has one).
 std::string report_text(const nlohmann::json& report);

@@ -33,13 +33,19 @@ std::string bar(double share, const char* color, int width = 240) {
                      width, w, 100 * share, color);
 }
 
+// A colour per category (profiles/kernel_names.h's kCategories), the same for ops and kernels.
 const char* category_color(const std::string& c) {
-  if (c == "layer_norm") return "#d9480f";
-  if (c == "attention") return "#5f3dc4";
-  if (c == "lstm") return "#0b7285";
   if (c == "gemm") return "#1c7ed6";
-  if (c == "communication") return "#e8590c";
+  if (c == "conv") return "#1864ab";
+  if (c == "attention") return "#5f3dc4";
+  if (c == "layer_norm") return "#d9480f";
+  if (c == "norm") return "#f59f00";
+  if (c == "softmax") return "#ae3ec9";
+  if (c == "reduction") return "#2b8a3e";
   if (c == "elementwise") return "#74b816";
+  if (c == "copy") return "#e64980";
+  if (c == "communication") return "#c92a2a";
+  if (c == "lstm") return "#0b7285";
   return "#868e96";
 }
 
@@ -92,18 +98,21 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
     h += fmt::format("<tr><td class=\"name\" title=\"{0}\">{0}</td><td>{1}</td><td class=\"num\">{2}</td>"
                      "<td class=\"num\">{3:.3f}</td><td>{4} {5:.1f}%</td><td class=\"num\">{6:.3f}</td>{7}</tr>\n",
                      escape(name), escape(o["phase"].get<std::string>()), o["calls"].get<int64_t>(),
-                     o[self_key].get<double>() / 1e3, bar(o["share"].get<double>(), category_color(op_category(name))),
+                     o[self_key].get<double>() / 1e3, bar(o["share"].get<double>(), category_color(o["category"].get<std::string>())),
                      100 * o["share"].get<double>(), o[total_key].get<double>() / 1e3,
                      cuda ? fmt::format("<td class=\"num\">{:.3f}</td>", o["cpu_self_us"].get<double>() / 1e3) : std::string());
   }
   h += "</table>\n";
   if (!r["kernels"].empty()) {
-    h += "<h2>Top kernels by CUDA time</h2>\n<table><tr><th>kernel</th><th class=\"num\">calls</th>"
-         "<th class=\"num\">CUDA ms</th><th>share</th></tr>\n";
+    // The short name as torch.profiler shows it; the whole demangled name on hover.
+    h += "<h2>Top kernels by CUDA time</h2>\n<table><tr><th>kernel</th><th>category</th><th>library</th>"
+         "<th class=\"num\">calls</th><th class=\"num\">CUDA ms</th><th>share</th></tr>\n";
     for (const auto& k : r["kernels"])
-      h += fmt::format("<tr><td class=\"name\" title=\"{0}\">{0}</td><td class=\"num\">{1}</td><td class=\"num\">{2:.3f}</td>"
-                       "<td>{3} {4:.1f}%</td></tr>\n",
-                       escape(k["name"].get<std::string>()), k["calls"].get<int64_t>(), k["cuda_us"].get<double>() / 1e3,
+      h += fmt::format("<tr><td class=\"name\" title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td>"
+                       "<td class=\"num\">{}</td><td class=\"num\">{:.3f}</td><td>{} {:.1f}%</td></tr>\n",
+                       escape(k["name"].get<std::string>()), escape(k["short_name"].get<std::string>()),
+                       escape(k["category"].get<std::string>()), escape(k["library"].get<std::string>()),
+                       k["calls"].get<int64_t>(), k["cuda_us"].get<double>() / 1e3,
                        bar(k["share"].get<double>(), category_color(k["category"].get<std::string>())),
                        100 * k["share"].get<double>());
     h += "</table>\n";
