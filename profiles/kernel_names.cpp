@@ -87,12 +87,15 @@ std::string_view category_from_words(std::string_view s) {
   return {};
 }
 
-// cuDNN's kernels: convolutions mostly (xmma implicit GEMMs: fprop, dgrad, wgrad), its SDPA, RNNs,
-// BatchNorm and layout changes.
+// cuDNN's kernels: convolutions mostly (xmma implicit GEMMs: fprop, dgrad, wgrad; the older
+// <arch>_scudnn_... families), its SDPA (with the backward's helpers, dot(dO, O) and dQ's
+// conversion: seen on an H200), RNNs, BatchNorm and layout changes.
 std::string_view cudnn_category(std::string_view s) {
-  if (has_any(s, {"sdpa", "fmha", "flash", "attention"})) return "attention";
+  if (has_any(s, {"sdpa", "fmha", "flash", "attention", "dotdoo", "convertdq"})) return "attention";
   if (has_any(s, {"rnn", "lstm", "gru", "persist"})) return "lstm";
-  if (has_any(s, {"fprop", "dgrad", "wgrad", "conv", "implicitgemm", "winograd", "fft"})) return "conv";
+  if (has_any(s, {"fprop", "dgrad", "wgrad", "convolution", "convolve", "conv2d", "conv3d", "implicitgemm", "winograd",
+                  "fft", "scudnn", "hcudnn", "884cudnn", "1688cudnn", "16816cudnn"}))
+    return "conv";
   if (has_any(s, {"bnfw", "bnbw", "batchnorm"})) return "norm";
   if (has_any(s, {"nchwtonhwc", "nhwctonchw", "transpose", "padding"})) return "copy";
   if (has(s, "gemm")) return "gemm";

@@ -167,6 +167,48 @@ const KernelCase kKernels[] = {
     {"_ZN4hfnn7kernels10layer_norm56_GLOBAL__N__1ebc5e2e_18_layer_norm_wide_cu_6efc6a3b_671815bwd_wide_ker"
      "nelI13__nv_bfloat16Li1ELi16ELb0EEEvNS1_9BwdParamsEl",
      "hfnn::kernels::layer_norm::bwd_wide_kernel<__nv_bflo...", "layer_norm", "hfnn"},
+    // As CUPTI named them on an H200 (hfnn profile of examples/transformer.py in bfloat16 with --hfnn,
+    // evoformer.py in bfloat16, lstm_lm.py, transformer.py in float32)
+    {"_ZN14at_cuda_detail3cub6detail10radix_sort29DeviceRadixSortOnesweepKernelINS1_5radix10policy_hubIlN2"
+     "at4cuda3cub6detail10OpaqueTypeILi8EEEyE10Policy1000ELNS0_9SortOrderE0ElSB_yiiNS1_21identity_decompos"
+     "er_tEEEvPT5_SH_PT3_PKSI_PT1_PKSM_PT2_PKSQ_T4_iiT6_",
+     "at_cuda_detail::cub::detail::radix_sort::DeviceRadix...", "other", "cub"},
+    {"_ZN50_GLOBAL__N__fa15d16e_17_RangeFactories_cu_38772b0829elementwise_kernel_with_indexIiZZZN2at6nati"
+     "ve15arange_cuda_outERKN3c106ScalarES6_S6_RNS1_6TensorEENKUlvE_clEvENKUlvE2_clEvEUllE_EEvT_T0_PN15fun"
+     "ction_traitsISD_E11result_typeE",
+     "elementwise_kernel_with_index<int, at::native::arang...", "elementwise", ""},
+    {"_ZN5cudnn6fusion20convert_dq_to_16bitsILb1EEEvPKvPvjjjjjjjjjjPKfS6_S6_PfS3_S4_S4_bb",
+     "cudnn::fusion::convert_dq_to_16bits<true>", "attention", "cudnn"},
+    {"_ZN5cudnn6fusion28compute_dot_do_o_specializedILb1ELi64EEEvPKvS3_PvS4_jjjjjjjjjjjjjjjjjfS3_S3_S3_S3_"
+     "S3_bS3_S4_S3_iiiiiiiii",
+     "cudnn::fusion::compute_dot_do_o_specialized<true, 64...", "attention", "cudnn"},
+    {"_ZN8cublasLt19splitKreduce_kernelILi32ELi16Eif13__nv_bfloat16fS1_Lb0EfS1_S1_Lb1ELb0ELb0ELb0EEEvNS_18"
+     "cublasSplitKParamsIT4_EEPKT2_PKT8_PT7_PT3_PKS3_SG_PKT9_S7_PSH_PvlPS3_PiSM_SM_SG_SG_SG_SG_SG_",
+     "cublasLt::splitKreduce_kernel<32, 16, int, float, __...", "gemm", "cublas"},
+    {"cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_"
+     "0",
+     "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wg...", "attention", "cudnn"},
+    {"nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_splitK_NTN",
+     "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_splitK_NT...", "gemm", "cublas"},
+    {"_ZN2at6native18elementwise_kernelILi128ELi4EZNS0_22gpu_kernel_impl_nocastIZZZNS0_23direct_copy_kerne"
+     "l_cudaERNS_18TensorIteratorBaseEENKUlvE1_clEvENKUlvE10_clEvEUlN3c108BFloat16EE_EEvS4_RKT_EUliE_EEviT"
+     "1_",
+     "at::native::elementwise_kernel<128, 4, at::native::g...", "copy", "aten"},
+    {"_ZN7cutlass7Kernel2I67cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_64x1_tn_align2EEvNT_6Para"
+     "msE",
+     "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s1616...", "gemm", "cutlass"},
+    {"_Z15elemWiseRNNcellIfffL14cudnnRNNMode_t2EL18cudnnRNNBiasMode_t2EEviiiiibPKT_S4_PKT0_S4_S4_S4_S4_PS5"
+     "_PS2_S9_S9_S9_18cudnnRNNClipMode_t21cudnnNanPropagation_tff",
+     "elemWiseRNNcell<float, float, float, (cudnnRNNMode_t...", "lstm", "cudnn"},
+    {"_Z16gemmSN_TN_kernelIfLi128ELi16ELi2ELi4ELi4ELi4ELb1E30cublasGemvTensorStridedBatchedIKfES2_S0_IfEEv"
+     "22cublasGemmSmallNParamsIT7_T8_T9_T_E",
+     "gemmSN_TN_kernel<float, 128, 16, 2, 4, 4, 4, true, c...", "gemm", "cublas"},
+    {"_Z20LSTM_elementWise_bp1IfffEviiPT_S1_S1_S1_S1_S1_S1_PT0_S3_ii18cudnnRNNClipMode_t21cudnnNanPropagat"
+     "ion_tff",
+     "LSTM_elementWise_bp1<float, float, float>", "lstm", "cudnn"},
+    {"_Z40fmha_cutlassB_f32_aligned_64x64_k64_sm80N22PyTorchMemEffAttention23AttentionBackwardKernelIN7cut"
+     "lass4arch4Sm80EfLb1ELb0ELb0ELi64ELi64ELi64ELb0EE6ParamsE",
+     "fmha_cutlassB_f32_aligned_64x64_k64_sm80", "attention", "mem_efficient"},
     // inductor's Triton kernels, CUPTI's memcpy and memset records, names no rule knows
     {"triton_poi_fused__to_copy_add_0",
      "triton_poi_fused__to_copy_add_0", "elementwise", "triton"},
