@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/common/dtype.h"
+
 namespace hfnn::families {
 
 // One shape_stats row of a profile: what the profiler recorded of a call (profiles/db.cpp).
@@ -71,6 +73,23 @@ std::optional<std::string> key_text_of(const RecordedShape& s) {
   const auto key = kKeyOf(s.shape, s.flags);
   if (!key) return std::nullopt;
   return key->text();
+}
+
+// A Family::key_label from a family's parse_key(text) and its label of a parsed key; the text
+// itself where it does not parse.
+template <auto kParse, auto kLabel>
+std::string label_of(const std::string& text) {
+  const auto key = kParse(text);
+  return key ? kLabel(*key) : text;
+}
+
+// A Family::pack_key from a family's parse_key(text) and its packing of a parsed key and dtype.
+template <auto kParse, auto kPack>
+std::optional<PackedKey> packed_of(const std::string& text, const std::string& dtype_name) {
+  const auto key = kParse(text);
+  const auto dtype = kernels::dtype_from_name(dtype_name);
+  if (!key || !dtype) return std::nullopt;
+  return kPack(*key, *dtype);
 }
 
 // What a key's label shows of the common settings where they are not the usual ones:

@@ -54,19 +54,15 @@ std::optional<std::string> family_key(const families::RecordedShape& s) {
   return key->text();
 }
 
-std::string label(const std::string& text) {
-  const auto key = parse_key(text);
-  if (!key) return text;
-  return std::to_string(key->rows) + " x " + std::to_string(key->cols) + (key->affine ? "" : " no-affine");
+std::string label(const Key& key) {
+  return std::to_string(key.rows) + " x " + std::to_string(key.cols) + (key.affine ? "" : " no-affine");
 }
 
 double tolerance(const std::string& dtype) {
   // Outputs are rounded to the dtype: half an ulp at the largest magnitude is 2^-24 (float32),
   // 2^-11 (float16), 2^-8 (bfloat16) relative; allow a few ulp (float32 also sums up to millions
   // of rows into dgamma and dbeta in float32).
-  if (dtype == "float16") return 4e-3;
-  if (dtype == "bfloat16") return 3e-2;
-  return 1e-4;
+  return families::per_dtype(dtype, 1e-4, 4e-3, 3e-2);
 }
 
 std::vector<families::VariantInfo> variants([[maybe_unused]] std::string_view pass) {
@@ -80,12 +76,7 @@ std::vector<families::VariantInfo> variants([[maybe_unused]] std::string_view pa
   return out;
 }
 
-std::optional<families::PackedKey> pack_key(const std::string& text, const std::string& dtype_name) {
-  const auto key = parse_key(text);
-  const auto dtype = dtype_from_name(dtype_name);
-  if (!key || !dtype) return std::nullopt;
-  return pack(key->rows, key->cols, *dtype, key->affine);
-}
+families::PackedKey pack_of(const Key& key, DType dtype) { return pack(key.rows, key.cols, dtype, key.affine); }
 
 }  // namespace
 
@@ -95,10 +86,10 @@ const families::Family kFamily = {
     .key_header = "rows x D",
     .passes = kPasses,
     .key_of = &family_key,
-    .key_label = &label,
+    .key_label = &families::label_of<&parse_key, &label>,
     .tolerance = &tolerance,
     .variants = &variants,
-    .pack_key = &pack_key,
+    .pack_key = &families::packed_of<&parse_key, &pack_of>,
 };
 
 }  // namespace hfnn::kernels::layer_norm

@@ -65,14 +65,12 @@ namespace {
 
 static_assert(families::kTrainPasses[kTrain] == "train", "kTrain indexes the passes");
 
-std::string key_label(const std::string& text) {
-  const auto k = parse_key(text);
-  if (!k) return text;
-  std::string out = std::to_string(k->input) + " -> " + std::to_string(k->hidden);
-  if (k->layers > 1) out += " x" + std::to_string(k->layers);
-  if (k->bidirectional) out += " bi";
-  out += ", " + std::to_string(k->batch) + " x " + std::to_string(k->steps);
-  return out + families::settings_suffix(k->batch_first, k->bias, k->dropout);
+std::string label(const Key& k) {
+  std::string out = std::to_string(k.input) + " -> " + std::to_string(k.hidden);
+  if (k.layers > 1) out += " x" + std::to_string(k.layers);
+  if (k.bidirectional) out += " bi";
+  out += ", " + std::to_string(k.batch) + " x " + std::to_string(k.steps);
+  return out + families::settings_suffix(k.batch_first, k.bias, k.dropout);
 }
 
 double gate_tolerance(const std::string& dtype) {
@@ -84,20 +82,17 @@ double gate_tolerance(const std::string& dtype) {
 
 std::vector<families::VariantInfo> no_variants(std::string_view) { return {}; }
 
-std::optional<families::PackedKey> pack_stored(const std::string& text, const std::string& dtype_name) {
-  const auto k = parse_key(text);
-  const auto dtype = dtype_from_name(dtype_name);
-  if (!k || !dtype) return std::nullopt;
-  return pack(k->input, k->hidden, k->layers, k->batch, k->steps, *dtype, k->bidirectional, k->batch_first, k->bias,
-              k->dropout);
+families::PackedKey pack_of(const Key& k, DType dtype) {
+  return pack(k.input, k.hidden, k.layers, k.batch, k.steps, dtype, k.bidirectional, k.batch_first, k.bias, k.dropout);
 }
 
 }  // namespace
 
 const families::Family kFamily = {
     .op = "lstm", .title = "LSTM", .key_header = "input -> hidden, batch x steps",
-    .passes = families::kTrainPasses, .key_of = &families::key_text_of<&key_of>, .key_label = &key_label,
-    .tolerance = &gate_tolerance, .variants = &no_variants, .pack_key = &pack_stored,
+    .passes = families::kTrainPasses, .key_of = &families::key_text_of<&key_of>,
+    .key_label = &families::label_of<&parse_key, &label>, .tolerance = &gate_tolerance, .variants = &no_variants,
+    .pack_key = &families::packed_of<&parse_key, &pack_of>,
 };
 
 }  // namespace hfnn::kernels::lstm

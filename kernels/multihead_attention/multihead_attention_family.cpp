@@ -94,16 +94,14 @@ namespace {
 
 static_assert(families::kTrainPasses[kTrain] == "train", "kTrain indexes the passes");
 
-std::string key_label(const std::string& text) {
-  const auto k = parse_key(text);
-  if (!k) return text;
-  std::string out = std::to_string(k->batch) + " x " + std::to_string(k->q_len);
-  if (k->kv_len != k->q_len || k->inputs != Inputs::kSelf) out += " (kv " + std::to_string(k->kv_len) + ")";
-  out += ", " + std::to_string(k->embed) + "/" + std::to_string(k->heads);
-  if (k->inputs == Inputs::kSharedKv) out += " cross";
-  if (k->inputs == Inputs::kSeparate) out += " q,k,v";
-  if (k->causal) out += " causal";
-  return out + families::settings_suffix(k->batch_first, k->bias, k->dropout);
+std::string label(const Key& k) {
+  std::string out = std::to_string(k.batch) + " x " + std::to_string(k.q_len);
+  if (k.kv_len != k.q_len || k.inputs != Inputs::kSelf) out += " (kv " + std::to_string(k.kv_len) + ")";
+  out += ", " + std::to_string(k.embed) + "/" + std::to_string(k.heads);
+  if (k.inputs == Inputs::kSharedKv) out += " cross";
+  if (k.inputs == Inputs::kSeparate) out += " q,k,v";
+  if (k.causal) out += " causal";
+  return out + families::settings_suffix(k.batch_first, k.bias, k.dropout);
 }
 
 double gate_tolerance(const std::string& dtype) {
@@ -128,20 +126,18 @@ std::vector<families::VariantInfo> core_variants(std::string_view pass) {
   return out;
 }
 
-std::optional<families::PackedKey> pack_stored(const std::string& text, const std::string& dtype_name) {
-  const auto k = parse_key(text);
-  const auto dtype = dtype_from_name(dtype_name);
-  if (!k || !dtype) return std::nullopt;
-  return pack(k->batch, k->q_len, k->kv_len, k->embed, k->heads, *dtype, k->batch_first, k->causal, k->inputs, k->bias,
-              k->dropout);
+families::PackedKey pack_of(const Key& k, DType dtype) {
+  return pack(k.batch, k.q_len, k.kv_len, k.embed, k.heads, dtype, k.batch_first, k.causal, k.inputs, k.bias,
+              k.dropout);
 }
 
 }  // namespace
 
 const families::Family kFamily = {
     .op = "multihead_attention", .title = "MultiheadAttention", .key_header = "B x L (kv S), E/heads",
-    .passes = families::kTrainPasses, .key_of = &families::key_text_of<&key_of>, .key_label = &key_label,
-    .tolerance = &gate_tolerance, .variants = &core_variants, .pack_key = &pack_stored,
+    .passes = families::kTrainPasses, .key_of = &families::key_text_of<&key_of>,
+    .key_label = &families::label_of<&parse_key, &label>, .tolerance = &gate_tolerance, .variants = &core_variants,
+    .pack_key = &families::packed_of<&parse_key, &pack_of>,
 };
 
 }  // namespace hfnn::kernels::multihead_attention
