@@ -10,19 +10,33 @@ Per config x dtype x candidate x pass:
             too)
 Candidates: `torch` (the module, need_weights=False unless the record says otherwise), hfnn's op
 with each core that takes the shape (`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`,
-`sdpa_auto` = torch's own pick), and `hfnn`: the fastest of those by fwd+bwd wall time, which is
-what `hfnn tune` will store. Every candidate is first checked against float64 (outputs and every
-gradient within 4x the error of torch's module in the same dtype).
+`sdpa_auto` = torch's own pick), `hfnn`: the fastest of those by fwd+bwd wall time, which is
+what `hfnn tune` will store, and `dispatch`: a plain nn.MultiheadAttention timed in a process of
+its own under HFNN_DISPATCH_DB, with a table whose winner for the config's key is `hfnn`'s core
+(the fastest named core where `hfnn` is sdpa_auto, which no table stores): the product's path, the
+forward wrapper and the dispatch op's lookup and counting included. The table is made by hfnn's own
+commands: `hfnn profile` of a few calls of the config records its key, and `hfnn tune` stores the
+winner, with the tests' stand-in measuring worker (tests/python/scripts/fake_tune_worker.py) told
+which core wins (so the stored winner is this benchmark's pick, not a second measurement). Its
+record says `winner` and `dispatch_calls` (hfnn.dispatch_stats()'s counts in that process: the
+core's calls, and the fall-backs to torch by reason). --no-dispatch leaves it out. Every candidate
+is first checked against float64 (outputs and every gradient within 4x the error of torch's module
+in the same dtype).
 
     python3 bench/mha.py --out bench/results/mha-h200.json
+    python3 bench/mha.py --configs 2 --out /tmp/mha-32.json     # [32, 128, 768, 12] bf16 alone
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +53,20 @@ CONFIGS = [  # [B, L, E, heads], dtypes
 ]
 CORES = {"sdpa_auto": "", "sdpa_flash": "sdpa_flash", "sdpa_efficient": "sdpa_efficient",
          "sdpa_cudnn": "sdpa_cudnn", "sdpa_math": "sdpa_math"}
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_WORKER = ROOT / "tests" / "python" / "scripts" / "fake_tune_worker.py"
+# A few training calls of one config, for `hfnn profile` to record its attention key.
+PROFILE_CALLS = r"""
+import sys, torch, hfnn
+from torch import nn
+b, length, embed, heads, dtype = *map(int, sys.argv[1:5]), getattr(torch, sys.argv[5])
+m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+for _ in range(3):
+    m(x, x, x, need_weights=False)[0].backward(torch.randn_like(x))
+    hfnn.step()
+torch.cuda.synchronize()
+"""
 
 
 def module_call(m, x, need_weights):
@@ -127,14 +155,98 @@ def errors(fn_of, m, x, grad):
     return max(rel(a, b) for a, b in zip(got, ref))
 
 
+def dispatch_table(db: Path, config, dtype_name: str, core: str) -> None:
+    """A table whose winner for this config's key (training, self-attention, batch_first, bias) is
+    `core`, for this GPU and these versions: hfnn profile, then hfnn tune with the stand-in worker."""
+    b, length, embed, heads = config
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
+
+    def run(cmd, extra=None):
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**env, **(extra or {})})
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, cmd[:4]))}... failed ({out.returncode}): {out.stderr[-1500:]}")
+        return out
+
+    hfnn_cli = shutil.which("hfnn")
+    run([hfnn_cli, "profile", "-q", "--db", str(db), "--warmup", "0", "--steps", "0", "--report", "none", "--",
+         sys.executable, "-c", PROFILE_CALLS, str(b), str(length), str(embed), str(heads), dtype_name])
+    props = torch.cuda.get_device_properties(0)
+    run([hfnn_cli, "tune", "-q", "--db", str(db), "--ops", "multihead_attention", "--python", sys.executable],
+        dict(HFNN_TUNE_WORKER=str(FAKE_WORKER), FAKE_TUNE_TORCH=torch.__version__, FAKE_TUNE_CUDA=torch.version.cuda or "",
+             FAKE_TUNE_HFNN=hfnn.__version__, FAKE_TUNE_WINNER_TRAIN=core, FAKE_TUNE_GOOD_US="50",
+             FAKE_TUNE_GPU=props.name, FAKE_TUNE_CC=f"{props.major}.{props.minor}",
+             FAKE_TUNE_SMS=str(props.multi_processor_count)))
+
+
+def dispatch_candidate(config, dtype_name: str, core: str, round_s: float) -> dict:
+    """The `dispatch` candidate: a table won by `core`, then a process of its own timing a plain
+    nn.MultiheadAttention under HFNN_DISPATCH_DB (this script's --dispatch-worker)."""
+    work = Path(tempfile.mkdtemp(prefix="hfnn-mha-dispatch-"))
+    try:
+        db = work / "shapes.db"
+        dispatch_table(db, config, dtype_name, core)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
+        env["HFNN_DISPATCH_DB"] = str(db)
+        out = subprocess.run([sys.executable, __file__, "--dispatch-worker", *map(str, config), dtype_name,
+                              "--round-s", str(round_s)], capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"the dispatch worker failed ({out.returncode}): {out.stderr[-1500:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def dispatch_worker(config, dtype_name: str, round_s: float) -> int:
+    """In a process started with HFNN_DISPATCH_DB: times a plain nn.MultiheadAttention as main()
+    times the `torch` candidate, and prints one JSON line with what dispatch ran."""
+    from hfnn import _dispatch
+
+    b, length, embed, heads = config
+    if not _dispatch.active or not hasattr(nn.MultiheadAttention.forward, "__wrapped__"):
+        sys.exit("bench/mha.py --dispatch-worker: HFNN_DISPATCH_DB did not route nn.MultiheadAttention "
+                 "(is hfnn's start-up hook installed with the package?)")
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+    x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+    grad = torch.randn(b, length, embed, device="cuda", dtype=dtype)
+    make = lambda mm, xx: module_call(mm, xx, False)  # noqa: E731
+    err = errors(make, m, x, grad)
+    torch.ops.hfnn.dispatch_reset_counts()  # (the float64 reference's call counted as a fall-back)
+    fn = make(m, x)
+    fwd_ms, fwd_cpu = wall(fn, grad, False, round_s)
+    tot_ms, tot_cpu = wall(fn, grad, True, round_s)
+    try:
+        g_fwd = graphed(fn, grad, False, list(m.parameters()), x)
+        g_tot = graphed(fn, grad, True, list(m.parameters()), x)
+    except RuntimeError as e:  # a capture that fails leaves the wall times, which are what this measures
+        print(f"bench/mha.py --dispatch-worker: CUDA graph capture failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        g_fwd = g_tot = None
+    op = _dispatch.dispatch_stats()["ops"]["multihead_attention"]
+    print(json.dumps({"fwd": [fwd_ms, g_fwd, fwd_cpu],
+                      "bwd": [tot_ms - fwd_ms, None if g_tot is None else g_tot - g_fwd, tot_cpu - fwd_cpu],
+                      "total": tot_ms, "error": err, "calls": op["calls"]["train"], "fallbacks": op["fallbacks"]["train"]}))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="write the records here (a JSON array)")
     ap.add_argument("--configs", type=int, nargs="*", help="indices into the config list (default: all)")
     ap.add_argument("--round-s", type=float, default=0.05, help="seconds per timing round")
+    ap.add_argument("--no-dispatch", action="store_true", help="leave out the `dispatch` candidate")
+    ap.add_argument("--dispatch-worker", nargs=5, metavar=("B", "L", "E", "HEADS", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/mha.py: needs a CUDA GPU")
+    if args.dispatch_worker:
+        *config, dtype_name = args.dispatch_worker
+        return dispatch_worker([int(v) for v in config], dtype_name, args.round_s)
+    dispatch = not args.no_dispatch and shutil.which("hfnn") is not None
+    if not args.no_dispatch and not dispatch:
+        print("bench/mha.py: the hfnn command is not on PATH, so no `dispatch` candidate (run scripts/setup.sh)",
+              flush=True)
+    variants_in_build = set(hfnn.build_info().get("variants", {}).get("multihead_attention", {}).get("train", []))
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     records = []
@@ -172,15 +284,36 @@ def main() -> int:
                 best = min(variants, key=lambda k: variants[k]["total"])
                 rows["hfnn"] = dict(rows[best], winner=best)
                 print(f"  -> hfnn = {best}: fwd+bwd {rows['torch']['total'] / rows[best]['total']:.2f}x torch", flush=True)
+                named = {k: v for k, v in variants.items() if CORES.get(k) in variants_in_build}
+                if dispatch and named:
+                    core = best if best in named else min(named, key=lambda k: named[k]["total"])
+                    try:
+                        d = dispatch_candidate([b, length, embed, heads], dtype_name, core, args.round_s)
+                    except (RuntimeError, ValueError) as e:
+                        print(f"  dispatch: not measured: {e}", flush=True)
+                    else:
+                        rows["dispatch"] = dict(fwd=tuple(d["fwd"]), bwd=tuple(d["bwd"]), total=d["total"],
+                                                error=d["error"], ok=d["error"] <= max(4 * err_torch, 1e-6),
+                                                winner=core, dispatch_calls=dict(d["calls"], **{
+                                                    f"torch because {k}": n for k, n in d["fallbacks"].items()}))
+                        gf, gb = d["fwd"][1], d["bwd"][1]
+                        graph = "" if gf is None else f"  graph fwd {gf:7.3f} bwd {gb:7.3f} ms"
+                        print(f"[{b}, {length}, {embed}, {heads}] {dtype_name} {'dispatch':15s} err {d['error']:.1e}"
+                              f"  wall fwd {d['fwd'][0]:7.3f} bwd {d['bwd'][0]:7.3f} ms{graph}  cpu fwd {d['fwd'][2]:6.0f} "
+                              f"bwd {d['bwd'][2]:6.0f} us  ({core}; calls {d['calls']}, fall-backs {d['fallbacks']})",
+                              flush=True)
+                        print(f"  -> dispatch: fwd+bwd {rows['torch']['total'] / d['total']:.2f}x torch, "
+                              f"{d['total'] / rows[best]['total']:.2f}x the op's own call", flush=True)
             for name, r in rows.items():
                 for p in ("fwd", "bwd"):
                     w, g, c = r[p]
                     rec = dict(gpu=gpu, torch=torch.__version__, date=date, config=[b, length, embed, heads],
                                dtype=dtype_name, need_weights=False, **{"pass": p}, candidate=name,
-                               wall_ms=round(w, 4), graph_ms=round(g, 4), cpu_us=round(c, 1),
+                               wall_ms=round(w, 4), graph_ms=None if g is None else round(g, 4), cpu_us=round(c, 1),
                                max_rel_error=r["error"], correct=r["ok"])
-                    if "winner" in r:
-                        rec["winner"] = r["winner"]
+                    for extra in ("winner", "dispatch_calls"):
+                        if extra in r:
+                            rec[extra] = r[extra]
                     records.append(rec)
             del m, x, grad
             torch.cuda.empty_cache()

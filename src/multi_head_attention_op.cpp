@@ -34,9 +34,12 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "kernels/multihead_attention/multihead_attention_family.h"
@@ -45,6 +48,9 @@
 #if HFNN_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/native/transformers/cuda/sdp_utils.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include "kernels/common/gemm.h"
 #endif
@@ -181,13 +187,58 @@ std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::T
 
 // ---- GEMMs ------------------------------------------------------------------------------------------
 // D = op(A) op(B) (+ bias on every row) (+ beta D) through hfnn's cuBLASLt path (kernels/common/gemm.h:
-// the algorithm cached per shape) on CUDA tensors of fp32/fp16/bf16 whose rows are contiguous;
-// through torch's ops otherwise. `d` is written in place.
-bool matrix_ok(const at::Tensor& t) {
-  return t.dim() == 2 && t.size(0) > 0 && t.size(1) > 0 && t.stride(1) == 1 && (t.size(0) == 1 || t.stride(0) >= t.size(1));
-}
+// the algorithm and descriptors cached per shape) on CUDA tensors of fp32/fp16/bf16 whose rows are
+// contiguous; through torch's ops otherwise. D is written in place.
 
-int64_t ld_of(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
+// A matrix inside a tensor's storage: `offset` elements after the tensor's first, rows `row_stride`
+// apart, columns `col_stride` apart. The GEMMs' operands (rows of a weight, a slice of a bias, a
+// [d0, d1, E] tensor as its [N, E] matrix of tokens) are made by arithmetic, not view ops: each view
+// op is a dispatcher round trip through autograd's view tracking, and a backward made about 25 of
+// them only to hand pointers to cuBLASLt. A view is made only where torch's ops run the GEMM.
+// `t` must outlive the Mat.
+struct Mat {
+  const at::Tensor* t = nullptr;
+  int64_t offset = 0, rows = 0, cols = 0, row_stride = 0, col_stride = 1;
+
+  Mat rows_at(int64_t first, int64_t n) const {
+    Mat m = *this;
+    m.offset += first * row_stride, m.rows = n;
+    return m;
+  }
+  Mat cols_at(int64_t first, int64_t n) const {
+    Mat m = *this;
+    m.offset += first * col_stride, m.cols = n;
+    return m;
+  }
+  // For torch's ops: the matrix, and a one-row or one-column matrix as a vector.
+  at::Tensor view() const {
+    return t->as_strided({rows, cols}, {row_stride, col_stride}, t->storage_offset() + offset);
+  }
+  at::Tensor vector() const {
+    return rows == 1 ? t->as_strided({cols}, {col_stride}, t->storage_offset() + offset)
+                     : t->as_strided({rows}, {row_stride}, t->storage_offset() + offset);
+  }
+  void* data() const { return static_cast<char*>(t->data_ptr()) + offset * static_cast<int64_t>(t->element_size()); }
+  // What cuBLASLt takes: rows contiguous, not overlapping.
+  bool lt_ok() const { return rows > 0 && cols > 0 && col_stride == 1 && (rows == 1 || row_stride >= cols); }
+  int64_t ld() const { return rows == 1 ? cols : row_stride; }
+};
+
+Mat matrix(const at::Tensor& t) { return {&t, 0, t.size(0), t.size(1), t.stride(0), t.stride(1)}; }
+// A 1-D tensor as a row (a bias added to every row of D) or as a column (a bias gradient, [n, 1]).
+Mat row_of(const at::Tensor& t) { return {&t, 0, 1, t.size(0), t.size(0), t.stride(0)}; }
+Mat column_of(const at::Tensor& t) { return {&t, 0, t.size(0), 1, t.stride(0), 1}; }
+
+// A [d0, d1, cols] tensor's [d0 * d1, cols] matrix of tokens where its strides allow one (what
+// reshape would view), else a contiguous copy (what reshape would make), held by `keep`.
+Mat tokens(const at::Tensor& t, at::Tensor& keep) {
+  const int64_t cols = t.size(2);
+  const std::array<int64_t, 2> shape{t.size(0) * t.size(1), cols};
+  if (const auto strides = at::detail::computeStride(t.sizes(), t.strides(), at::IntArrayRef(shape)))
+    return {&t, 0, shape[0], cols, (*strides)[0], (*strides)[1]};
+  keep = t.reshape({-1, cols});
+  return matrix(keep);
+}
 
 // hfnn's dtypes (the GEMMs' and the packed keys'); nullopt for the rest (float64 runs torch's).
 std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
@@ -200,70 +251,153 @@ std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
 }
 
 #if HFNN_TORCH_CUDA
+// cuBLASLt splits k (a dW's sum over tokens) only with room for the partial products: with torch's
+// 1 MiB Lt workspace (its default, CUBLASLT_WORKSPACE_SIZE) its heuristic picked an unsplit kernel
+// for [512 x 320,000] x [320,000 x 512] that took 2.5x as long.
 constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
+
+// Ones for the bias gradients' GEMVs, kept per device, dtype and stream and grown when a call has
+// more tokens: one fill kernel a process instead of an allocation and a fill every backward. Per
+// stream, because the fill runs on the stream whose GEMVs then read them (so none reads them
+// before they are written), and a block freed when they grow goes back to that stream's pool,
+// whose next user is ordered after those reads. Returned by value: a thread growing them does not
+// free what another is using. Not used under CUDA graph capture (Gemms makes its own there): a
+// captured fill runs only at replay, and a cached block baked into a graph would be freed when it
+// grows. Leaked at exit on purpose (CUDA may be torn down before static destructors run).
+at::Tensor cached_ones(int64_t n, const at::TensorOptions& opt, cudaStream_t stream) {
+  using Slot = std::tuple<int, int, cudaStream_t>;
+  static std::mutex mutex;
+  static auto* cache = new std::map<Slot, at::Tensor>();
+  std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& ones = (*cache)[Slot{opt.device().index(), static_cast<int>(opt.dtype().toScalarType()), stream}];
+  if (!ones.defined() || ones.size(0) < n) ones = at::ones({n, 1}, opt);
+  return ones;
+}
 #endif
 
-void gemm(at::Tensor& d, const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, float beta = 0.0f,
-          const at::Tensor& bias = {}) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && d.dim() == 2 && d.size(0) == a.size(trans_a ? 1 : 0) &&
-                  d.size(1) == b.size(trans_b ? 0 : 1) && a.size(trans_a ? 0 : 1) == b.size(trans_b ? 1 : 0),
-              "hfnn.multi_head_attention: GEMM shapes do not match (internal error)");
+// The GEMMs of one op call (a forward or a backward): what every GEMM of the call shares is fetched
+// once, not once a GEMM: the device guard, torch's cuBLASLt handle (torch sets its stream and
+// cuBLAS workspace on every fetch) and stream, the TF32 switch, the workspace, the ones.
+class Gemms {
+ public:
+  explicit Gemms(const at::Tensor& like) {
 #if HFNN_TORCH_CUDA
-  const auto dtype = lt_dtype(d.scalar_type());
-  const bool same = a.scalar_type() == d.scalar_type() && b.scalar_type() == d.scalar_type() &&
-                    (!bias.defined() || (bias.scalar_type() == d.scalar_type() && bias.is_contiguous()));
-  if (d.is_cuda() && dtype && same && matrix_ok(d) && matrix_ok(a) && matrix_ok(b) && (beta == 0.0f || !bias.defined())) {
-    kernels::gemm::Params p;
-    p.dtype = *dtype;
-    p.tf32 = at::globalContext().allowTF32CuBLAS();
-    p.m = d.size(0), p.n = d.size(1), p.k = trans_a ? a.size(0) : a.size(1);
-    p.a = a.data_ptr(), p.lda = ld_of(a), p.trans_a = trans_a;
-    p.b = b.data_ptr(), p.ldb = ld_of(b), p.trans_b = trans_b;
-    p.d = d.data_ptr(), p.ldd = ld_of(d), p.beta = beta;
-    p.bias = bias.defined() ? bias.data_ptr() : nullptr;
-    p.workspace = at::cuda::getCUDABlasLtWorkspace();
-    p.workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-    // cuBLASLt splits k (a dW's sum over tokens) only with room for the partial products: with
-    // torch's 1 MiB Lt workspace its heuristic picked an unsplit kernel for [512 x 320,000] x
-    // [320,000 x 512] that took 2.5x as long. A block from the caching allocator, per call.
-    at::Tensor ws;
-    if (p.workspace_size < kLtWorkspace) {
-      ws = at::empty({static_cast<int64_t>(kLtWorkspace)}, d.options().dtype(at::kByte));
-      p.workspace = ws.data_ptr(), p.workspace_size = kLtWorkspace;
+    if (like.is_cuda()) {
+      // The tensors' device, where a caller's current device is another (autograd's device threads
+      // already set it): the handle, stream and workspace are the current device's.
+      device_ = static_cast<int>(like.get_device());
+      guard_.set_index(static_cast<c10::DeviceIndex>(device_));
+      stream_ = at::cuda::getCurrentCUDAStream();
+      tf32_ = like.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
     }
-    const auto r = kernels::gemm::run(p, at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(r.status != kernels::gemm::Status::kError, "hfnn.multi_head_attention: ", r.message);
-    if (r.status == kernels::gemm::Status::kOk) return;
-  }
+#else
+    (void)like;
 #endif
-  const at::Tensor opa = trans_a ? a.t() : a, opb = trans_b ? b.t() : b;
-  if (bias.defined())
-    at::addmm_out(d, bias, opa, opb);
-  else if (beta != 0.0f)
-    d.addmm_(opa, opb, beta, 1.0);
-  else
-    at::mm_out(d, opa, opb);
-}
-
-// A linear layer's bias gradient: the column sums of g [tokens, n] into db [n]. On the GPU as a
-// GEMV against a vector of ones (`ones`, [tokens, 1], made once per backward), which reads g at
-// cuBLAS's bandwidth; torch's column reduction was 1.3-1.7x slower on these shapes.
-void bias_grad(at::Tensor& db, const at::Tensor& g, const at::Tensor& ones) {
-  if (ones.defined() && matrix_ok(g) && ones.size(0) >= g.size(0)) {
-    at::Tensor d = db.view({-1, 1});
-    gemm(d, g, true, ones.narrow(0, 0, g.size(0)), false);
-    return;
   }
-  at::sum_out(db, g, {0});
-}
 
-// Ones for bias_grad: as many as the most tokens any input has (query and key/value lengths differ).
-at::Tensor ones_for(const at::Tensor& like, const std::array<const at::Tensor*, 3>& inputs) {
-  if (!like.is_cuda()) return {};
-  int64_t tokens = 0;
-  for (const at::Tensor* t : inputs) tokens = std::max(tokens, t->size(0) * t->size(1));
-  return at::ones({tokens, 1}, like.options());
-}
+  void operator()(const Mat& d, const Mat& a, bool trans_a, const Mat& b, bool trans_b, float beta = 0.0f,
+                  const Mat* bias = nullptr) {
+    TORCH_CHECK(d.rows == (trans_a ? a.cols : a.rows) && d.cols == (trans_b ? b.rows : b.cols) &&
+                    (trans_a ? a.rows : a.cols) == (trans_b ? b.cols : b.rows),
+                "hfnn.multi_head_attention: GEMM shapes do not match (internal error)");
+#if HFNN_TORCH_CUDA
+    const at::ScalarType type = d.t->scalar_type();
+    const auto dtype = lt_dtype(type);
+    const bool same = a.t->scalar_type() == type && b.t->scalar_type() == type &&
+                      (!bias || (bias->t->scalar_type() == type && (bias->cols <= 1 || bias->col_stride == 1)));
+    if (device_ >= 0 && d.t->is_cuda() && dtype && same && d.lt_ok() && a.lt_ok() && b.lt_ok() &&
+        (beta == 0.0f || !bias)) {
+      if (!handle_) handle_ = at::cuda::getCurrentCUDABlasLtHandle();
+      kernels::gemm::Params p;
+      p.dtype = *dtype;
+      p.tf32 = tf32_;
+      p.m = d.rows, p.n = d.cols, p.k = trans_a ? a.rows : a.cols;
+      p.a = a.data(), p.lda = a.ld(), p.trans_a = trans_a;
+      p.b = b.data(), p.ldb = b.ld(), p.trans_b = trans_b;
+      p.d = d.data(), p.ldd = d.ld(), p.beta = beta;
+      p.bias = bias ? bias->data() : nullptr;
+      workspace(p);
+      p.device = device_;
+      const auto r = kernels::gemm::run(p, handle_, stream_);
+      TORCH_CHECK(r.status != kernels::gemm::Status::kError, "hfnn.multi_head_attention: ", r.message);
+      if (r.status == kernels::gemm::Status::kOk) return;
+    }
+#endif
+    at::Tensor dv = d.view();
+    const at::Tensor av = a.view(), bv = b.view();
+    const at::Tensor opa = trans_a ? av.t() : av, opb = trans_b ? bv.t() : bv;
+    if (bias)
+      at::addmm_out(dv, bias->vector(), opa, opb);
+    else if (beta != 0.0f)
+      dv.addmm_(opa, opb, beta, 1.0);
+    else
+      at::mm_out(dv, opa, opb);
+  }
+
+  // A linear layer's bias gradient: the column sums of g [tokens, n] into db (a [n, 1] column). On
+  // the GPU as a GEMV against a vector of ones, which reads g at cuBLAS's bandwidth; torch's column
+  // reduction was 1.3-1.7x slower on these shapes.
+  void bias_grad(const Mat& db, const Mat& g) {
+#if HFNN_TORCH_CUDA
+    if (device_ >= 0 && g.lt_ok()) {
+      if (!ones_.defined() || ones_.size(0) < g.rows) {
+        ones_ = c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None
+                    ? cached_ones(g.rows, g.t->options(), stream_)
+                    : at::ones({g.rows, 1}, g.t->options());
+      }
+      (*this)(db, g, true, Mat{&ones_, 0, g.rows, 1, 1, 1}, false);
+      return;
+    }
+#endif
+    at::Tensor out = db.vector();
+    at::sum_out(out, g.view(), {0});
+  }
+
+  // Gives the workspace back to the caching allocator, for the attention core's own buffers; the
+  // next GEMM takes one again.
+  void release_workspace() {
+#if HFNN_TORCH_CUDA
+    workspace_.clear();
+#endif
+  }
+
+ private:
+#if HFNN_TORCH_CUDA
+  // Torch's Lt workspace where it is 32 MiB or more, else one block of 32 MiB from torch's caching
+  // allocator for the call's GEMMs, which run one after another on one stream (a GEMM took a block
+  // of its own before: 14 allocations a training call). Not a block cached per device and stream:
+  // a GEMM captured in a CUDA graph keeps its workspace's address, and eager work later on the
+  // capture stream (torch reuses its pool streams) could run while the graph replays on another
+  // stream (torch clears its own cuBLAS workspaces at capture for that reason); a block per call
+  // comes from the graph's private pool under capture, as the call's other buffers do, and costs
+  // one allocator call (no tensor, no dispatcher).
+  void workspace(kernels::gemm::Params& p) {
+    if (!workspace_size_) {
+      const std::size_t torch_size = at::cuda::getCUDABlasLtWorkspaceSize();
+      workspace_size_ = torch_size >= kLtWorkspace ? torch_size : kLtWorkspace;
+      torch_workspace_ = torch_size >= kLtWorkspace;
+    }
+    if (torch_workspace_) {
+      if (!workspace_ptr_) workspace_ptr_ = at::cuda::getCUDABlasLtWorkspace();
+    } else {
+      if (!workspace_) workspace_ = c10::cuda::CUDACachingAllocator::get()->allocate(kLtWorkspace);
+      workspace_ptr_ = workspace_.get();
+    }
+    p.workspace = workspace_ptr_, p.workspace_size = workspace_size_;
+  }
+
+  c10::cuda::OptionalCUDAGuard guard_;
+  int device_ = -1;  // -1: not a CUDA call (every GEMM runs torch's op)
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;
+  bool tf32_ = false;
+  std::size_t workspace_size_ = 0;
+  bool torch_workspace_ = false;
+  c10::DataPtr workspace_;
+  void* workspace_ptr_ = nullptr;
+  at::Tensor ones_;
+#endif
+};
 
 // ---- the input projection ------------------------------------------------------------------------
 // One GEMM per distinct input: rows [row0, row0 + parts * E) of in_proj_weight applied to input
@@ -310,14 +444,17 @@ Plan plan(const std::array<const at::Tensor*, 3>& in, int64_t heads, bool batch_
   return p;
 }
 
-void project(const Plan& p, const std::array<const at::Tensor*, 3>& in, const at::Tensor& w, const at::Tensor& b) {
+void project(Gemms& gemm, const Plan& p, const std::array<const at::Tensor*, 3>& in, const at::Tensor& w,
+             const at::Tensor& b) {
   const int64_t embed = w.size(1);
   for (std::size_t i = 0; i < p.groups.size(); ++i) {
     const Group& g = p.groups[i];
-    const at::Tensor x = in[g.input]->reshape({-1, embed});
-    at::Tensor out = p.bufs[i].view({-1, g.parts * embed});
-    gemm(out, x, false, w.narrow(0, g.row0, g.parts * embed), true, 0.0f,
-         b.defined() ? b.narrow(0, g.row0, g.parts * embed) : at::Tensor());
+    const int64_t rows = g.parts * embed;
+    at::Tensor keep_x, keep_out;
+    const Mat x = tokens(*in[g.input], keep_x);
+    const Mat out = tokens(p.bufs[i], keep_out);  // the buffer is contiguous: in place
+    const Mat bias = b.defined() ? row_of(b).cols_at(g.row0, rows) : Mat{};
+    gemm(out, x, false, matrix(w).rows_at(g.row0, rows), true, 0.0f, b.defined() ? &bias : nullptr);
   }
 }
 
@@ -329,22 +466,25 @@ at::Tensor merge_heads(const at::Tensor& o, bool batch_first) {
                      : o.permute({2, 0, 1, 3}).reshape({o.size(2), o.size(0), embed});
 }
 
-// A [B, H, L, Dh] gradient as the [N, E] matrix of its tokens in the input's order, a view where
-// its strides allow one.
-std::optional<at::Tensor> token_matrix(const at::Tensor& t, bool batch_first) {
-  const at::Tensor tok = batch_first ? t.transpose(1, 2) : t.permute({2, 0, 1, 3});  // [d0, d1, H, Dh]
-  const std::vector<int64_t> shape{tok.size(0) * tok.size(1), tok.size(2) * tok.size(3)};
-  const auto strides = at::detail::computeStride(tok.sizes(), tok.strides(), at::IntArrayRef(shape));
-  if (!strides) return std::nullopt;
-  return tok.as_strided(shape, *strides);
+// A [B, H, L, Dh] gradient as the [N, E] matrix of its tokens in the input's order, where its
+// strides allow one (the view transpose or permute, then reshape, would make).
+std::optional<Mat> token_matrix(const at::Tensor& t, bool batch_first) {
+  // [d0, d1, H, Dh]: t.transpose(1, 2) (batch_first) or t.permute({2, 0, 1, 3}).
+  const std::array<int64_t, 4> order = batch_first ? std::array<int64_t, 4>{0, 2, 1, 3} : std::array<int64_t, 4>{2, 0, 1, 3};
+  std::array<int64_t, 4> sizes{}, strides{};
+  for (std::size_t i = 0; i < 4; ++i) sizes[i] = t.size(order[i]), strides[i] = t.stride(order[i]);
+  const std::array<int64_t, 2> shape{sizes[0] * sizes[1], sizes[2] * sizes[3]};
+  const auto merged = at::detail::computeStride(at::IntArrayRef(sizes), at::IntArrayRef(strides), at::IntArrayRef(shape));
+  if (!merged) return std::nullopt;
+  return Mat{&t, 0, shape[0], shape[1], (*merged)[0], (*merged)[1]};
 }
 
 // One input projection's backward, from the core's gradients of its parts: rows of dW and db, and
 // the input's gradient (added into dx where it is defined already).
-void project_backward(const Group& g, const std::vector<at::Tensor>& parts, bool batch_first, const at::Tensor& x,
-                      const at::Tensor& w, const at::Tensor& ones, at::Tensor* dx, at::Tensor* dw, at::Tensor* db) {
+void project_backward(Gemms& gemm, const Group& g, const std::vector<at::Tensor>& parts, bool batch_first,
+                      const at::Tensor& x, const at::Tensor& w, at::Tensor* dx, at::Tensor* dw, at::Tensor* db) {
   const int64_t embed = w.size(1), rows = g.parts * embed;
-  std::vector<at::Tensor> m;
+  std::vector<Mat> m;
   for (const at::Tensor& t : parts) {
     auto tm = token_matrix(t, batch_first);
     if (!tm) break;
@@ -352,38 +492,37 @@ void project_backward(const Group& g, const std::vector<at::Tensor>& parts, bool
   }
   const bool views = m.size() == parts.size();
   bool packed = views;
+  // Each part's matrix starts at its tensor's first element (token_matrix's offset is 0).
   for (std::size_t i = 1; packed && i < m.size(); ++i)
-    packed = m[i].storage().is_alias_of(m[0].storage()) && m[i].stride(0) == m[0].stride(0) && m[i].stride(1) == 1 &&
-             m[i].storage_offset() == m[0].storage_offset() + static_cast<int64_t>(i) * embed;
-  if (packed && m.size() > 1 && (m[0].stride(1) != 1 || m[0].stride(0) < rows)) packed = false;
+    packed = parts[i].storage().is_alias_of(parts[0].storage()) && m[i].row_stride == m[0].row_stride &&
+             m[i].col_stride == 1 &&
+             parts[i].storage_offset() == parts[0].storage_offset() + static_cast<int64_t>(i) * embed;
+  if (packed && m.size() > 1 && (m[0].col_stride != 1 || m[0].row_stride < rows)) packed = false;
+  at::Tensor buf;
   if (!views) {  // not expressible as token matrices (seq-first cores that wrote [B, L, H, Dh]): one packed copy
     const at::Tensor& t0 = parts[0];
     const int64_t d0 = batch_first ? t0.size(0) : t0.size(2), d1 = batch_first ? t0.size(2) : t0.size(0);
-    at::Tensor buf = at::empty({d0, d1, g.parts, t0.size(1), t0.size(3)}, t0.options());
+    buf = at::empty({d0, d1, g.parts, t0.size(1), t0.size(3)}, t0.options());
     for (std::size_t i = 0; i < parts.size(); ++i)
       buf.select(2, static_cast<int64_t>(i)).copy_(batch_first ? parts[i].transpose(1, 2) : parts[i].permute({2, 0, 1, 3}));
-    m = {buf.view({d0 * d1, rows})};
-    packed = true;
+    m = {Mat{&buf, 0, d0 * d1, rows, rows, 1}};
   } else if (packed && m.size() > 1) {
-    m = {m[0].as_strided({m[0].size(0), rows}, {m[0].stride(0), 1})};
+    m = {Mat{m[0].t, 0, m[0].rows, rows, m[0].row_stride, 1}};
   }
-  const at::Tensor x2 = x.reshape({-1, embed});
+  at::Tensor keep_x;
+  const Mat x2 = tokens(x, keep_x);
   // m: one [N, rows] matrix (packed) or one [N, E] matrix per part.
   const int64_t step = static_cast<int64_t>(rows / static_cast<int64_t>(m.size()));
   for (std::size_t i = 0; i < m.size(); ++i) {
     const int64_t r0 = g.row0 + static_cast<int64_t>(i) * step;
-    if (dw) {
-      at::Tensor rows_of_dw = dw->narrow(0, r0, step);
-      gemm(rows_of_dw, m[i], true, x2, false);
-    }
-    if (db) {
-      at::Tensor rows_of_db = db->narrow(0, r0, step);
-      bias_grad(rows_of_db, m[i], ones);
-    }
+    if (dw) gemm(matrix(*dw).rows_at(r0, step), m[i], true, x2, false);
+    if (db) gemm.bias_grad(column_of(*db).rows_at(r0, step), m[i]);
     if (dx) {
+      // Allocated in the input's shape (contiguous, so its [N, E] matrix is itself).
       const bool first = !dx->defined();
-      if (first) *dx = at::empty({m[i].size(0), embed}, m[i].options());
-      gemm(*dx, m[i], false, w.narrow(0, r0, step), false, first ? 0.0f : 1.0f);
+      if (first) *dx = at::empty(x.sizes(), m[i].t->options());
+      at::Tensor keep_dx;
+      gemm(tokens(*dx, keep_dx), m[i], false, matrix(w).rows_at(r0, step), false, first ? 0.0f : 1.0f);
     }
   }
 }
@@ -400,15 +539,19 @@ Forward run_forward(const Plan& p, const std::array<const at::Tensor*, 3>& in, c
                 const at::Tensor& in_b, const at::Tensor& out_w, const at::Tensor& out_b, Core core, bool batch_first,
                 bool causal, double dropout, bool lse) {
   Forward f;
-  project(p, in, in_w, in_b);
+  Gemms gemm(*in[0]);
+  project(gemm, p, in, in_w, in_b);
+  gemm.release_workspace();
   f.core = core_forward(core, p.q, p.k, p.v, dropout, causal, lse);
   f.merged = merge_heads(f.core.o, batch_first);
   const int64_t embed = out_w.size(0);
   // Allocated in the output's shape (not a view of a 2-D one: autograd forbids in-place ops on a
   // custom function's view outputs, and torch's module's output allows them).
   f.y = at::empty({f.merged.size(0), f.merged.size(1), embed}, f.merged.options());
-  at::Tensor y2 = f.y.view({-1, embed});
-  gemm(y2, f.merged.reshape({-1, embed}), false, out_w, true, 0.0f, out_b);
+  at::Tensor keep_y, keep_merged;
+  const Mat bias = out_b.defined() ? row_of(out_b) : Mat{};
+  gemm(tokens(f.y, keep_y), tokens(f.merged, keep_merged), false, matrix(out_w), true, 0.0f,
+       out_b.defined() ? &bias : nullptr);
   return f;
 }
 
@@ -460,25 +603,28 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
                 "hfnn.multi_head_attention: double backward (create_graph=True) is not supported; "
                 "use torch.nn.MultiheadAttention for it (hfnn.to_torch)");
     const std::array<const at::Tensor*, 3> in{&s[0], &s[1], &s[2]};
-    const at::Tensor gy = grads[0].reshape({-1, embed});
+    const at::TensorOptions options = grads[0].options();
+    Gemms gemm(grads[0]);
+    at::Tensor keep_gy, keep_merged;
+    const Mat gy = tokens(grads[0], keep_gy);  // [N, E]
     variable_list out(12);
-    const at::Tensor ones = need(4) || need(6) ? ones_for(gy, in) : at::Tensor();
     if (need(5)) {
-      out[5] = at::empty({embed, embed}, gy.options());
-      gemm(out[5], gy, true, merged.reshape({-1, embed}), false);
+      out[5] = at::empty({embed, embed}, options);
+      gemm(matrix(out[5]), gy, true, tokens(merged, keep_merged), false);
     }
     if (need(6)) {
-      out[6] = at::empty({embed}, gy.options());
-      bias_grad(out[6], gy, ones);
+      out[6] = at::empty({embed}, options);
+      gemm.bias_grad(column_of(out[6]), gy);
     }
     if (!(need(0) || need(1) || need(2) || need(3) || need(4)))
       return out;
     // d(core output) in the token order of the input, as the [B, H, L, Dh] view the core takes.
-    at::Tensor dm = at::empty({gy.size(0), embed}, gy.options());
-    gemm(dm, gy, false, out_w, false);
     const int64_t heads = q.size(1), head_dim = q.size(3);
-    const at::Tensor dout = batch_first ? dm.view({q.size(0), q.size(2), heads, head_dim}).transpose(1, 2)
-                                        : dm.view({q.size(2), q.size(0), heads, head_dim}).permute({1, 2, 0, 3});
+    const at::Tensor dm = batch_first ? at::empty({q.size(0), q.size(2), heads, head_dim}, options)
+                                      : at::empty({q.size(2), q.size(0), heads, head_dim}, options);
+    gemm(Mat{&dm, 0, gy.rows, embed, embed, 1}, gy, false, matrix(out_w), false);
+    const at::Tensor dout = batch_first ? dm.transpose(1, 2) : dm.permute({1, 2, 0, 3});
+    gemm.release_workspace();
     const auto d = core_backward(core, c, dout, q, k, v, dropout, causal);
 
     at::Tensor dw = need(3) ? at::empty_like(in_w) : at::Tensor();
@@ -489,9 +635,9 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
                                           d.begin() + static_cast<std::ptrdiff_t>(part + g.parts));
       part += static_cast<std::size_t>(g.parts);
       at::Tensor dx;
-      project_backward(g, parts, batch_first, *in[g.input], in_w, ones, need(g.input) ? &dx : nullptr,
+      project_backward(gemm, g, parts, batch_first, *in[g.input], in_w, need(g.input) ? &dx : nullptr,
                        dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr);
-      if (dx.defined()) out[g.input] = dx.view(in[g.input]->sizes());
+      if (dx.defined()) out[g.input] = std::move(dx);
     }
     out[3] = dw, out[4] = db;
     return out;
@@ -753,6 +899,16 @@ at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tens
 #endif
 }
 
+// For tests: cuBLASLt heuristic queries and descriptor sets made so far in this process (both stay
+// put while calls repeat their shapes); zeros in a build without CUDA.
+std::vector<int64_t> gemm_cache_stats() {
+#if HFNN_TORCH_CUDA
+  return {kernels::gemm::heuristic_queries(), kernels::gemm::descriptor_sets()};
+#else
+  return {0, 0};
+#endif
+}
+
 }  // namespace
 }  // namespace hfnn::attention
 
@@ -776,4 +932,5 @@ TORCH_LIBRARY_FRAGMENT(hfnn, m) {
       "bool is_causal, float dropout_p, str core) -> bool");
   m.impl("multi_head_attention_supports", c10::DispatchKey::CompositeExplicitAutograd,
          TORCH_FN(hfnn::attention::multi_head_attention_supports));
+  m.def("_gemm_cache_stats() -> int[]", TORCH_FN(hfnn::attention::gemm_cache_stats));
 }

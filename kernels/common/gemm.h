@@ -3,7 +3,9 @@
 //
 // Why not torch's addmm/mm: torch asks cuBLASLt's heuristic on every call (tens of microseconds of
 // CPU a GEMM, which decides launch-bound training steps). Here its answer is cached per shape,
-// strides, alignment and epilogue.
+// strides, alignment and epilogue, once for the process, and so are the descriptors cuBLASLt reads
+// at each launch, once per thread (kernels/common/keyed_cache.h): a call that was made before costs
+// a hash lookup and the launch.
 //
 // Not used: cuBLASLt's bias-gradient epilogue (BGRADB). On an H200 with cuBLAS 13.1 it is not a
 // fusion: it runs a GEMM without split-K and then its own reduction kernel, so a linear layer's dW
@@ -43,6 +45,7 @@ struct Params {
   const void* bias = nullptr;     // [n], added to every row of D (beta 0 only)
   void* workspace = nullptr;
   std::size_t workspace_size = 0;
+  int device = -1;  // the CUDA device the pointers are on (the current one); -1: run() asks CUDA
 };
 
 enum class Status {
@@ -58,11 +61,16 @@ struct Result {
 
 #if HFNN_WITH_CUDA
 // Runs the GEMM on `stream`. The first call for a shape (sizes, lds, transposes, dtype, epilogue,
-// beta != 0, the pointers' alignment, device) asks cuBLASLt's heuristic; later ones reuse its answer.
+// beta != 0, the pointers' alignment, device, workspace size) asks cuBLASLt's heuristic; later ones
+// reuse its answer. A thread's first call for a shape makes its descriptors; its later ones reuse
+// them (the bias pointer, the one attribute that changes from call to call, is set where it
+// differs from the last call's).
 Result run(const Params& p, cublasLtHandle_t handle, cudaStream_t stream);
 
-// Heuristic queries so far (the cache's misses), for tests.
+// Heuristic queries so far (the shared cache's misses), and descriptor sets made (the threads'
+// caches' misses), for tests: both stay put while a model repeats its shapes.
 int64_t heuristic_queries();
+int64_t descriptor_sets();
 #endif
 
 }  // namespace hfnn::kernels::gemm

@@ -402,3 +402,83 @@ def test_gpu_dropout_is_random_in_training_and_off_in_eval():
     assert not torch.equal(a, b), "dropout in training gave the same output twice"
     ours.eval()
     torch.testing.assert_close(ours(x, x, x, need_weights=False)[0], ours(x, x, x, need_weights=False)[0])
+
+
+@requires_gpu
+@pytest.mark.parametrize("core", ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn"])
+def test_gpu_repeated_calls_ask_cublaslt_nothing_new(core):
+    """A call with shapes seen before makes no cuBLASLt heuristic query and no descriptors
+    (kernels/common/gemm.cpp caches both: the per-call CPU cost issue 11 measures), forward on this
+    thread and backward on autograd's, and its results equal the first call's."""
+    ref, ours = pair(192, 3, True, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(4, 64, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn_like(x)
+    if not torch.ops.hfnn.multi_head_attention_supports(x, x, x, 3, True, False, 0.0, core):
+        pytest.skip(f"{core} does not take this input on this GPU")
+
+    def call():
+        out = torch.ops.hfnn.multi_head_attention(x, x, x, 3, ours.in_proj_weight, ours.in_proj_bias,
+                                                  ours.out_proj.weight, ours.out_proj.bias, True, False, 0.0, core)
+        return [out.detach()] + list(torch.autograd.grad(out, [x] + list(ours.parameters()), grad))
+
+    first = call()
+    before = torch.ops.hfnn._gemm_cache_stats()
+    for _ in range(3):
+        again = call()
+    assert torch.ops.hfnn._gemm_cache_stats() == before
+    assert before[0] > 0 and before[1] >= before[0]
+    for a, b in zip(first, again):
+        assert rel(a, b) < 1e-2  # (some cores' backward sums in a nondeterministic order)
+
+
+@requires_gpu
+def test_gpu_cuda_graph_replay_and_a_side_stream_match_eager():
+    """Captured in a CUDA graph (the Lt workspace and the bias gradients' ones are the call's own
+    there, not the cached ones) and run on a side stream (ones cached per stream), the op's output
+    and gradients are eager's."""
+    _, ours = pair(128, 2, True, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(4, 48, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn_like(x)
+    params = [x] + list(ours.parameters())
+
+    def step():
+        for p in params:
+            p.grad = None
+        out = ours(x, x, x, need_weights=False)[0]
+        out.backward(grad)
+        return [out.detach().clone()] + [p.grad.clone() for p in params]
+
+    eager = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            on_side = step()
+    torch.cuda.current_stream().wait_stream(side)
+    for p in params:
+        p.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ours(x, x, x, need_weights=False)[0]
+        out.backward(grad)
+    g.replay()
+    torch.cuda.synchronize()
+    replayed = [out.detach()] + [p.grad for p in params]
+    for a, b, c in zip(eager, on_side, replayed):
+        assert rel(b, a) < 1e-2 and rel(c, a) < 1e-2
+
+
+@requires_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_tensors_on_a_device_other_than_the_current_one():
+    """The op's GEMMs run on its tensors' device (handle, stream and workspace of that device) when
+    the current device is another one."""
+    ref, ours = pair(128, 2, True, dtype=torch.bfloat16, device="cuda:1")
+    x = torch.randn(2, 32, 128, device="cuda:1", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn_like(x)
+    with torch.cuda.device(0):
+        out, _, grads = run(ours, x, x, x, grad, need_weights=False)
+        out_ref, _, grads_ref = run(ref, x, x, x, grad, need_weights=False)
+    assert rel(out, out_ref) < 1e-2
+    for g, g_ref in zip(grads, grads_ref):
+        assert rel(g, g_ref) < 1e-2

@@ -36,3 +36,28 @@ def test_every_hfnn_name_a_script_imports_exists(path):
         if name is not None and name != "*":
             assert hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}") is not None, \
                 f"{path.relative_to(ROOT)}: `from {module} import {name}`: {module} has no {name}"
+
+
+@pytest.mark.parametrize("script,options", [
+    ("bench/mha.py", ["--no-dispatch", "--configs", "--round-s"]),
+    ("bench/mha_cpu.py", ["--compare-torch", "--config", "--core", "--calls", "--json"]),
+])
+def test_attention_benchmarks_parse_their_options(script, options):
+    """The attention benchmarks the GPU machine runs (issue 11) load and explain their options here."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for option in options:
+        assert option in out.stdout, (script, option)
+
+
+def test_mha_cpu_defaults_are_the_issues_launch_bound_config():
+    spec = importlib.util.spec_from_file_location("mha_cpu", ROOT / "bench" / "mha_cpu.py")
+    mha_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mha_cpu)
+    args = mha_cpu.parse_args([])
+    assert (args.config, args.dtype, args.core, args.compare_torch) == ([32, 128, 768, 12], "bfloat16", "sdpa_flash", False)
+    args = mha_cpu.parse_args(["--config", "8", "1024", "1024", "16", "--core", "sdpa_auto", "--compare-torch"])
+    assert args.config == [8, 1024, 1024, 16] and args.core == "sdpa_auto" and args.compare_torch
