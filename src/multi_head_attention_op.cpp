@@ -41,6 +41,7 @@
 
 #include "kernels/multihead_attention/multihead_attention_family.h"
 #include "src/dispatch.h"
+#include "src/kernel_dtype.h"
 
 #if HFNN_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -189,16 +190,6 @@ bool matrix_ok(const at::Tensor& t) {
 
 int64_t ld_of(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
 
-// hfnn's dtypes (the GEMMs' and the packed keys'); nullopt for the rest (float64 runs torch's).
-std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return kernels::DType::kFloat32;
-    case at::kHalf: return kernels::DType::kFloat16;
-    case at::kBFloat16: return kernels::DType::kBFloat16;
-    default: return std::nullopt;
-  }
-}
-
 #if HFNN_TORCH_CUDA
 constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
 #endif
@@ -209,7 +200,7 @@ void gemm(at::Tensor& d, const at::Tensor& a, bool trans_a, const at::Tensor& b,
                   d.size(1) == b.size(trans_b ? 0 : 1) && a.size(trans_a ? 0 : 1) == b.size(trans_b ? 1 : 0),
               "hfnn.multi_head_attention: GEMM shapes do not match (internal error)");
 #if HFNN_TORCH_CUDA
-  const auto dtype = lt_dtype(d.scalar_type());
+  const auto dtype = kernel_dtype(d.scalar_type());
   const bool same = a.scalar_type() == d.scalar_type() && b.scalar_type() == d.scalar_type() &&
                     (!bias.defined() || (bias.scalar_type() == d.scalar_type() && bias.is_contiguous()));
   if (d.is_cuda() && dtype && same && matrix_ok(d) && matrix_ok(a) && matrix_ok(b) && (beta == 0.0f || !bias.defined())) {
@@ -704,7 +695,7 @@ at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tens
     return untuned_runs_op ? run(Core::kTorch, "", false) : at::Tensor();
   };
   if (!query.is_cuda()) return untuned(dispatch::Fallback::kCpuTensor);
-  const auto dtype = lt_dtype(compute_dtype(query));
+  const auto dtype = kernel_dtype(compute_dtype(query));
   if (!dtype) return untuned(dispatch::Fallback::kUnsupported);
 #if HFNN_TORCH_CUDA
   const int64_t d0 = query.size(0), d1 = query.size(1), kv_len = key.size(batch_first ? 1 : 0);

@@ -87,6 +87,7 @@ int64_t heuristic_queries() { return queries.load(std::memory_order_relaxed); }
 Result run(const Params& p, cublasLtHandle_t handle, cudaStream_t stream) {
   const ColMajor c = col_major(p);
   const cudaDataType_t type = cuda_type(p.dtype);
+  const cudaDataType_t out_type = p.float32_out ? CUDA_R_32F : type;
   const cublasComputeType_t compute =
       p.dtype == DType::kFloat32 && p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const cublasLtEpilogue_t epilogue = epilogue_of(p);
@@ -101,7 +102,7 @@ Result run(const Params& p, cublasLtHandle_t handle, cudaStream_t stream) {
   }
   if ((s = cublasLtMatrixLayoutCreate(&desc.a, type, c.a_rows, c.a_cols, p.ldb)) != CUBLAS_STATUS_SUCCESS ||
       (s = cublasLtMatrixLayoutCreate(&desc.b, type, c.b_rows, c.b_cols, p.lda)) != CUBLAS_STATUS_SUCCESS ||
-      (s = cublasLtMatrixLayoutCreate(&desc.d, type, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldd)) !=
+      (s = cublasLtMatrixLayoutCreate(&desc.d, out_type, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldd)) !=
           CUBLAS_STATUS_SUCCESS)
     return error(s, "layout");
 
@@ -109,7 +110,7 @@ Result run(const Params& p, cublasLtHandle_t handle, cudaStream_t stream) {
   cudaGetDevice(&device);
   const int align_vec = p.bias ? alignment(p.bias) : 16;
   const Key key{p.m, p.n, p.k, p.lda, p.ldb, p.ldd, (p.trans_a ? 1 : 0) | (p.trans_b ? 2 : 0) | (p.beta != 0 ? 4 : 0),
-                static_cast<int64_t>(p.dtype) | (p.tf32 ? 16 : 0), static_cast<int64_t>(epilogue), alignment(p.a),
+                static_cast<int64_t>(p.dtype) | (p.tf32 ? 16 : 0) | (p.float32_out ? 32 : 0), static_cast<int64_t>(epilogue), alignment(p.a),
                 alignment(p.b), alignment(p.d), align_vec, device, static_cast<int64_t>(p.workspace_size), 0};
   Entry entry;
   bool cached = false;

@@ -88,7 +88,7 @@ fs::path tuned_db(const std::string& name) {
                {winner("fwd", "fwd_no_such_variant"), winner("bwd", "bwd_block")});
   tuner::store(db, id, "fake_attention", "n=512", "float16",
                {winner("fwd", "torch"), winner("bwd_b", "bwd_b_v1"), winner("bwd_a", "bwd_a_gone")});
-  tuner::store(db, id, "lstm", "whatever", "float32", {winner("fwd", "lstm_variant")});
+  tuner::store(db, id, "gru", "whatever", "float32", {winner("fwd", "gru_variant")});
   env.torch = "2.10.0+cu128";  // another torch: never applied here
   tuner::store(db, tuner::env_id(db, env, true), "layer_norm", "rows=8,D=8,affine=0", "float32",
                {winner("fwd", "fwd_block")});
@@ -137,12 +137,12 @@ TEST(DispatchTable, HoldsEachFamilysWinnersApartAndSkipsOpsWithoutAFamily) {
   EXPECT_EQ(w[2].index, 1);                // bwd_b_v1: second in variants("bwd_b")
   EXPECT_EQ(w[3].index, Pick::kNotTuned);  // beyond the family's passes
   EXPECT_EQ(t.key_count("fake_attention"), 1u);
-  EXPECT_EQ(t.key_count("lstm"), 0u);
+  EXPECT_EQ(t.key_count("gru"), 0u);
   EXPECT_EQ(t.key_count(), t.key_count("layer_norm") + 1);
   // LayerNorm's keys never collide with the fake family's, though both are packed integers.
   EXPECT_EQ(t.for_gpu(kH200, "layer_norm")->count(fake::pack(512)), 0u);
   // A tuned GPU without winners of an op: an empty map (keys not tuned), not "no table".
-  const WinnerMap* none = t.for_gpu(kH200, "lstm");
+  const WinnerMap* none = t.for_gpu(kH200, "gru");
   ASSERT_NE(none, nullptr);
   EXPECT_TRUE(none->empty());
   std::vector<std::string> unknown = t.unknown_variants;
@@ -230,7 +230,8 @@ TEST(DispatchRuntime, ResolvesEachDeviceOnceAndCounts) {
   const int layer_norm = rt.family_index("layer_norm");
   ASSERT_GE(layer_norm, 0);
   EXPECT_GE(rt.family_index("multihead_attention"), 0);
-  EXPECT_EQ(rt.family_index("lstm"), -1);
+  EXPECT_GE(rt.family_index("lstm"), 0);
+  EXPECT_EQ(rt.family_index("gru"), -1);
   rt.configure(std::make_shared<const Table>(Table::load(tuned_db("runtime.db").string(), kVersions)), "runtime.db",
                Policy::kTorch, false);
   rt.reset_counts();
