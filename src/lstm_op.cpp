@@ -215,6 +215,21 @@ dispatch::Gpu device_gpu(int device) {
 }
 #endif
 
+// CPU tensors: the op's own message, not the dispatcher's (CPU LSTMs run torch's nn.LSTM).
+std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cpu(const Tensor& x, const Tensor&, const Tensor&, const OptTensor&,
+                                                   const OptTensor&, const OptTensor&, const OptTensor&, bool,
+                                                   c10::string_view) {
+  TORCH_CHECK(false, "hfnn.lstm_layer_fwd: x must be a CUDA tensor, got one on ", x.device(),
+              " (CPU tensors run torch's nn.LSTM)");
+}
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cpu(const Tensor&, const OptTensor&, const OptTensor&,
+                                                                   const Tensor& x, const Tensor&, const Tensor&,
+                                                                   const OptTensor&, const OptTensor&, const Tensor&,
+                                                                   bool, c10::string_view) {
+  TORCH_CHECK(false, "hfnn.lstm_layer_bwd: x must be a CUDA tensor, got one on ", x.device(),
+              " (CPU tensors run torch's nn.LSTM)");
+}
+
 // Meta: the outputs' shapes (torch.compile traces through them); the workspace as the kernels size it.
 std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& w_ih, const Tensor& w_hh,
                                                     const OptTensor&, const OptTensor&, const OptTensor&,
@@ -317,6 +332,11 @@ TORCH_LIBRARY_IMPL(hfnn, CUDA, m) {
   m.impl("lstm_layer_bwd", TORCH_FN(hfnn::lstm_op::bwd_cuda));
 }
 #endif
+
+TORCH_LIBRARY_IMPL(hfnn, CPU, m) {
+  m.impl("lstm_layer_fwd", TORCH_FN(hfnn::lstm_op::fwd_cpu));
+  m.impl("lstm_layer_bwd", TORCH_FN(hfnn::lstm_op::bwd_cpu));
+}
 
 TORCH_LIBRARY_IMPL(hfnn, Meta, m) {
   m.impl("lstm_layer_fwd", TORCH_FN(hfnn::lstm_op::fwd_meta));

@@ -14,6 +14,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/common/family.h"
 #include "kernels/layer_norm/layer_norm_family.h"
+#include "kernels/lstm/lstm_family.h"
 #include "profiles/db.h"
 #include "src/dispatch.h"
 #include "tuner/tune_db.h"
@@ -123,6 +124,38 @@ TEST(DispatchTable, ReadsTheWinnersOfThisGpuAndTheseVersions) {
   EXPECT_EQ(t.other_versions, std::vector<std::string>{"torch 2.10.0+cu128, CUDA 13.0, hfnn 0.1.0"});
   EXPECT_EQ(t.for_gpu(Gpu{"NVIDIA H100 80GB HBM3", "9.0", 132}, "layer_norm"), nullptr);
   EXPECT_EQ(t.for_gpu(Gpu{"NVIDIA H200", "9.0", 114}, "layer_norm"), nullptr);  // same name, other SM count
+}
+
+TEST(DispatchTable, FindsLstmWinnersByTheKeyTheOpPacks) {
+  const fs::path path = tuned_db("lstm.db");
+  {
+    profiles::Database db(path.string(), true);
+    tuner::TuneEnv env;
+    env.gpu = kH200.name, env.compute_capability = kH200.compute_capability, env.sm_count = kH200.sm_count;
+    env.cuda = kVersions.cuda, env.torch = kVersions.torch, env.hfnn = kVersions.hfnn;
+    const int64_t id = tuner::env_id(db, env, true);
+    namespace lstm = kernels::lstm;
+    lstm::Key seed;
+    seed.input = 985, seed.hidden = 985, seed.batch = 4, seed.steps = 1000, seed.batch_first = true;
+    tuner::store(db, id, "lstm", seed.text(), "bfloat16", {winner("train", "persistent")});
+    lstm::Key big = seed;
+    big.hidden = 4096, big.bidirectional = true;
+    tuner::store(db, id, "lstm", big.text(), "float32", {winner("train", "torch")});
+  }
+  const Table t = Table::load(path.string(), kVersions);
+  EXPECT_EQ(t.key_count("lstm"), 2u);
+  const WinnerMap* map = t.for_gpu(kH200, "lstm");
+  ASSERT_NE(map, nullptr);
+  namespace lstm = kernels::lstm;
+  const auto big = map->find(lstm::pack(985, 4096, 1, 4, 1000, DType::kFloat32, true, true, true, false));
+  ASSERT_NE(big, map->end());
+  EXPECT_EQ(big->second[lstm::kTrain].index, Pick::kTorch);
+  EXPECT_EQ(map->count(lstm::pack(985, 985, 1, 4, 1000, DType::kFloat16, false, true, true, false)), 0u);
+#if HFNN_WITH_CUDA
+  const auto seed = map->find(lstm::pack(985, 985, 1, 4, 1000, DType::kBFloat16, false, true, true, false));
+  ASSERT_NE(seed, map->end());
+  EXPECT_EQ(seed->second[lstm::kTrain].index, 0);  // persistent: first in the registry
+#endif
 }
 
 TEST(DispatchTable, HoldsEachFamilysWinnersApartAndSkipsOpsWithoutAFamily) {
