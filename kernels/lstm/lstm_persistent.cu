@@ -409,9 +409,10 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   // At most 2048 threads an SM: a lower bound on the units a block needs.
   const int64_t most_blocks = static_cast<int64_t>(s.device.sm_count) * (2048 / kThreads);
   std::optional<Geometry> found;
-  for (int64_t units = std::max<int64_t>(1, (H + most_blocks - 1) / most_blocks); units <= H; ++units) {
+  const int64_t fewest = std::max<int64_t>(1, (H + most_blocks - 1) / most_blocks);
+  for (int64_t units = fewest; units <= H; ++units) {
     const int64_t grid = (H + units - 1) / units;
-    if (units > 1 && (H + units - 2) / (units - 1) == grid) continue;  // the same grid with less shared memory was refused
+    if (units > fewest && (H + units - 2) / (units - 1) == grid) continue;  // that grid with less shared memory was refused
     Geometry g = geometry(backward, s, units, kbt);
     if (g.smem > s.device.smem_per_block_optin) break;  // more units only need more
     if (grid <= resident_clusters(kernel, kThreads, 1, static_cast<std::size_t>(g.smem), 1, s.device)) {
