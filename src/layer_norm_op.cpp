@@ -35,6 +35,7 @@
 #include "kernels/layer_norm/layer_norm.h"
 #include "kernels/layer_norm/layer_norm_family.h"
 #include "src/dispatch.h"
+#include "src/kernel_dtype.h"
 #include "src/layer_norm_select.h"
 
 #define HFNN_KERNELS (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
@@ -70,15 +71,6 @@ std::vector<int64_t> stat_shape(const Tensor& input, at::IntArrayRef normalized_
   std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
   for (size_t i = shape.size() - normalized_shape.size(); i < shape.size(); ++i) shape[i] = 1;
   return shape;
-}
-
-std::optional<kernels::DType> kernel_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return kernels::DType::kFloat32;
-    case at::kHalf: return kernels::DType::kFloat16;
-    case at::kBFloat16: return kernels::DType::kBFloat16;
-    default: return std::nullopt;
-  }
 }
 
 // Why the kernels cannot take this problem, or an empty string when they can.

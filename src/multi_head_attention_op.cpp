@@ -44,6 +44,7 @@
 
 #include "kernels/multihead_attention/multihead_attention_family.h"
 #include "src/dispatch.h"
+#include "src/kernel_dtype.h"
 
 #if HFNN_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -240,16 +241,6 @@ Mat tokens(const at::Tensor& t, at::Tensor& keep) {
   return matrix(keep);
 }
 
-// hfnn's dtypes (the GEMMs' and the packed keys'); nullopt for the rest (float64 runs torch's).
-std::optional<kernels::DType> lt_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return kernels::DType::kFloat32;
-    case at::kHalf: return kernels::DType::kFloat16;
-    case at::kBFloat16: return kernels::DType::kBFloat16;
-    default: return std::nullopt;
-  }
-}
-
 #if HFNN_TORCH_CUDA
 // cuBLASLt splits k (a dW's sum over tokens) only with room for the partial products: with torch's
 // 1 MiB Lt workspace (its default, CUBLASLT_WORKSPACE_SIZE) its heuristic picked an unsplit kernel
@@ -302,7 +293,7 @@ class Gemms {
                 "hfnn.multi_head_attention: GEMM shapes do not match (internal error)");
 #if HFNN_TORCH_CUDA
     const at::ScalarType type = d.t->scalar_type();
-    const auto dtype = lt_dtype(type);
+    const auto dtype = kernel_dtype(type);
     const bool same = a.t->scalar_type() == type && b.t->scalar_type() == type &&
                       (!bias || (bias->t->scalar_type() == type && (bias->cols <= 1 || bias->col_stride == 1)));
     if (device_ >= 0 && d.t->is_cuda() && dtype && same && d.lt_ok() && a.lt_ok() && b.lt_ok() &&
@@ -850,7 +841,7 @@ at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tens
     return untuned_runs_op ? run(Core::kTorch, "", false) : at::Tensor();
   };
   if (!query.is_cuda()) return untuned(dispatch::Fallback::kCpuTensor);
-  const auto dtype = lt_dtype(compute_dtype(query));
+  const auto dtype = kernel_dtype(compute_dtype(query));
   if (!dtype) return untuned(dispatch::Fallback::kUnsupported);
 #if HFNN_TORCH_CUDA
   const int64_t d0 = query.size(0), d1 = query.size(1), kv_len = key.size(batch_first ? 1 : 0);

@@ -5,13 +5,15 @@
 #include <charconv>
 
 #include "kernels/layer_norm/layer_norm_family.h"
+#include "kernels/lstm/lstm_family.h"
 #include "kernels/multihead_attention/multihead_attention_family.h"
 
 namespace hfnn::families {
 namespace {
 
 // The families, one line each.
-constexpr std::array<const Family*, 2> kAll = {&kernels::layer_norm::kFamily, &kernels::multihead_attention::kFamily};
+constexpr std::array<const Family*, 3> kAll = {&kernels::layer_norm::kFamily, &kernels::multihead_attention::kFamily,
+                                               &kernels::lstm::kFamily};
 
 }  // namespace
 

@@ -101,6 +101,7 @@ Result error(cublasStatus_t s, const char* what) {
 Result describe(const Params& p, cublasLtEpilogue_t epilogue, Prepared& e) {
   const ColMajor c = col_major(p);
   const cudaDataType_t type = cuda_type(p.dtype);
+  const cudaDataType_t out_type = p.float32_out ? CUDA_R_32F : type;
   const cublasComputeType_t compute =
       p.dtype == DType::kFloat32 && p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublasStatus_t s = cublasLtMatmulDescCreate(&e.op, compute, CUDA_R_32F);
@@ -114,7 +115,7 @@ Result describe(const Params& p, cublasLtEpilogue_t epilogue, Prepared& e) {
   }
   if ((s = cublasLtMatrixLayoutCreate(&e.a, type, c.a_rows, c.a_cols, p.ldb)) != CUBLAS_STATUS_SUCCESS ||
       (s = cublasLtMatrixLayoutCreate(&e.b, type, c.b_rows, c.b_cols, p.lda)) != CUBLAS_STATUS_SUCCESS ||
-      (s = cublasLtMatrixLayoutCreate(&e.d, type, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldd)) !=
+      (s = cublasLtMatrixLayoutCreate(&e.d, out_type, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldd)) !=
           CUBLAS_STATUS_SUCCESS)
     return error(s, "layout");
   return {};
@@ -161,7 +162,7 @@ Result run(const Params& p, cublasLtHandle_t handle, cudaStream_t stream) {
   if (device < 0) cudaGetDevice(&device);
   const int align_vec = p.bias ? alignment(p.bias) : 16;
   const Key key{p.m, p.n, p.k, p.lda, p.ldb, p.ldd, (p.trans_a ? 1 : 0) | (p.trans_b ? 2 : 0) | (p.beta != 0 ? 4 : 0),
-                static_cast<int64_t>(p.dtype) | (p.tf32 ? 16 : 0), static_cast<int64_t>(epilogue), alignment(p.a),
+                static_cast<int64_t>(p.dtype) | (p.tf32 ? 16 : 0) | (p.float32_out ? 32 : 0), static_cast<int64_t>(epilogue), alignment(p.a),
                 alignment(p.b), alignment(p.d), align_vec, device, static_cast<int64_t>(p.workspace_size), 0};
   Result failed;
   Prepared* e = prepared.get(key, [&](Prepared& fresh) {

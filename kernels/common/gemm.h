@@ -32,6 +32,9 @@ namespace hfnn::kernels::gemm {
 struct Params {
   DType dtype = DType::kFloat32;  // of A, B, D and the bias vectors; the sums are float
   bool tf32 = false;              // fp32 inputs multiplied in TF32 (torch.backends.cuda.matmul.allow_tf32)
+  // D (and the bias) in float32 whatever dtype A and B have: 16-bit inputs whose float32 sums are
+  // kept unrounded (LSTM's input projection, and its step GEMMs accumulating onto it with beta 1).
+  bool float32_out = false;
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;  // [m, k], or [k, m] with trans_a
   int64_t lda = 0;
@@ -42,7 +45,7 @@ struct Params {
   void* d = nullptr;  // [m, n]
   int64_t ldd = 0;
   float beta = 0.0f;              // D = product + beta * D
-  const void* bias = nullptr;     // [n], added to every row of D (beta 0 only)
+  const void* bias = nullptr;     // [n] in D's dtype, added to every row of D (beta 0 only)
   void* workspace = nullptr;
   std::size_t workspace_size = 0;
   int device = -1;  // the CUDA device the pointers are on (the current one); -1: run() asks CUDA

@@ -80,7 +80,17 @@ double gate_tolerance(const std::string& dtype) {
   return families::per_dtype(dtype, 1e-3, 1e-2, 5e-2);
 }
 
-std::vector<families::VariantInfo> no_variants(std::string_view) { return {}; }
+// The variants of this build: none without the CUDA kernels.
+std::vector<families::VariantInfo> variant_list(std::string_view pass) {
+  std::vector<families::VariantInfo> out;
+#if HFNN_WITH_CUDA
+  if (pass == families::kTrainPasses[kTrain])
+    for (const VariantName& v : kVariants) out.push_back({std::string(v.name), std::string(v.idea)});
+#else
+  (void)pass;
+#endif
+  return out;
+}
 
 families::PackedKey pack_of(const Key& k, DType dtype) {
   return pack(k.input, k.hidden, k.layers, k.batch, k.steps, dtype, k.bidirectional, k.batch_first, k.bias, k.dropout);
@@ -91,7 +101,7 @@ families::PackedKey pack_of(const Key& k, DType dtype) {
 const families::Family kFamily = {
     .op = "lstm", .title = "LSTM", .key_header = "input -> hidden, batch x steps",
     .passes = families::kTrainPasses, .key_of = &families::key_text_of<&key_of>,
-    .key_label = &families::label_of<&parse_key, &label>, .tolerance = &gate_tolerance, .variants = &no_variants,
+    .key_label = &families::label_of<&parse_key, &label>, .tolerance = &gate_tolerance, .variants = &variant_list,
     .pack_key = &families::packed_of<&parse_key, &pack_of>,
 };
 

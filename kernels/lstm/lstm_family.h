@@ -5,8 +5,9 @@
 // reads (the gates after their activations and c_t, in its own layout), so a key has one winner,
 // timed as forward and backward together, as a training step calls them.
 //
-// Not yet in families::all() (kernels/common/family.cpp): the family joins the list with its first
-// kernel variant, so that `hfnn tune` keeps saying that torch keeps LSTM calls until then.
+// The variants' names and ideas live here, not in the kernels' registry (kernels/lstm/lstm.h), so
+// the command line and the tuner list them without linking the kernels (and cuBLASLt); the
+// registry takes its names from this list, in this order (the dispatch table stores positions).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -35,6 +36,17 @@ struct Key {
 std::optional<Key> key_of(const std::string& shape, const std::string& flags);
 // The inverse of Key::text(); nullopt for anything else.
 std::optional<Key> parse_key(const std::string& text);
+
+// The kernel variants, in registry order. Names are stable: the database stores them.
+struct VariantName {
+  std::string_view name, idea;
+};
+inline constexpr std::array<VariantName, 2> kVariants = {{
+    {"persistent",
+     "one cooperative launch for the whole sequence: each block keeps its hidden units' rows of W_hh in shared "
+     "memory, one grid barrier a step; the backward likewise with W_hh's columns"},
+    {"steps", "a cuBLASLt GEMM and a fused gate kernel per step: any size the GEMMs take (W_hh too large to stay on chip)"},
+}};
 
 // The one pass's position in kFamily.passes.
 inline constexpr int kTrain = 0;

@@ -1,8 +1,11 @@
 // float64 CPU reference for one LSTM layer (lstm_reference.h). Slow and obvious on purpose.
 #include "kernels/lstm/lstm_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+
+#include "kernels/lstm/lstm.h"
 
 namespace hfnn::kernels::lstm {
 namespace {
@@ -113,6 +116,94 @@ ReferenceGrads reference_backward(const ReferenceLayer& l, const ReferenceForwar
   d.dh0 = dh;
   d.dc0 = dc;
   return d;
+}
+
+}  // namespace hfnn::kernels::lstm
+
+// ---- the reference over the kernels' parameter structs (lstm.h) ----------------------------------
+
+namespace hfnn::kernels::lstm {
+namespace {
+
+// n elements of an array of `dtype` as doubles; empty for a null array.
+std::vector<double> to_doubles(const void* p, DType dtype, int64_t n) {
+  std::vector<double> out;
+  if (!p) return out;
+  out.resize(at(n));
+  for (int64_t i = 0; i < n; ++i) out[at(i)] = host_load(p, dtype, at(i));
+  return out;
+}
+
+void store(void* p, DType dtype, const std::vector<double>& v) {
+  if (!p) return;
+  for (std::size_t i = 0; i < v.size(); ++i) host_store(p, dtype, i, static_cast<float>(v[i]));
+}
+
+const double* data_or_null(const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); }
+
+// Time-major arrays [steps, batch, width] in reverse time order (the reverse direction as the
+// forward recurrence over reversed steps); empty stays empty.
+std::vector<double> reverse_steps(const std::vector<double>& v, int64_t steps) {
+  if (v.empty()) return v;
+  const std::size_t per = v.size() / at(steps);
+  std::vector<double> out(v.size());
+  for (int64_t t = 0; t < steps; ++t)
+    std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(at(t) * per), per,
+                out.begin() + static_cast<std::ptrdiff_t>(at(steps - 1 - t) * per));
+  return out;
+}
+
+// The layer of `p` as doubles, x in processing order.
+struct Layer {
+  std::vector<double> x, w_ih, w_hh, b_ih, b_hh, h0, c0;
+  ReferenceLayer view(const Shape& s) const {
+    ReferenceLayer l;
+    l.steps = s.steps, l.batch = s.batch, l.input = s.input, l.hidden = s.hidden;
+    l.x = x.data(), l.w_ih = w_ih.data(), l.w_hh = w_hh.data();
+    l.b_ih = data_or_null(b_ih), l.b_hh = data_or_null(b_hh), l.h0 = data_or_null(h0), l.c0 = data_or_null(c0);
+    return l;
+  }
+};
+
+Layer layer_of(const FwdParams& p) {
+  const Shape& s = p.shape;
+  const int64_t T = s.steps, B = s.batch, I = s.input, H = s.hidden;
+  Layer l;
+  l.x = to_doubles(p.x, s.dtype, T * B * I);
+  if (p.reverse) l.x = reverse_steps(l.x, T);
+  l.w_ih = to_doubles(p.w_ih, s.dtype, 4 * H * I), l.w_hh = to_doubles(p.w_hh, s.dtype, 4 * H * H);
+  l.b_ih = to_doubles(p.b_ih, s.dtype, 4 * H), l.b_hh = to_doubles(p.b_hh, s.dtype, 4 * H);
+  l.h0 = to_doubles(p.h0, s.dtype, B * H), l.c0 = to_doubles(p.c0, s.dtype, B * H);
+  return l;
+}
+
+}  // namespace
+
+void reference_fwd(const FwdParams& p) {
+  const Shape& s = p.shape;
+  const Layer l = layer_of(p);
+  const ReferenceForward f = reference_forward(l.view(s));
+  store(p.y, s.dtype, p.reverse ? reverse_steps(f.y, s.steps) : f.y);
+  store(p.h_n, s.dtype, f.h_n);
+  store(p.c_n, s.dtype, f.c_n);
+}
+
+void reference_bwd(const FwdParams& fwd, const BwdParams& p) {
+  const Shape& s = p.shape;
+  const int64_t T = s.steps, B = s.batch, H = s.hidden;
+  const Layer l = layer_of(fwd);
+  const ReferenceLayer view = l.view(s);
+  const ReferenceForward f = reference_forward(view);
+  std::vector<double> dy = to_doubles(p.dy, s.dtype, T * B * H);
+  if (p.reverse) dy = reverse_steps(dy, T);
+  const std::vector<double> dh_n = to_doubles(p.dh_n, s.dtype, B * H), dc_n = to_doubles(p.dc_n, s.dtype, B * H);
+  const ReferenceGrads g = reference_backward(view, f, data_or_null(dy), data_or_null(dh_n), data_or_null(dc_n));
+  store(p.dx, s.dtype, p.reverse ? reverse_steps(g.dx, T) : g.dx);
+  store(p.dw_ih, s.dtype, g.dw_ih);
+  store(p.dw_hh, s.dtype, g.dw_hh);
+  store(p.db, s.dtype, g.db);
+  store(p.dh0, s.dtype, g.dh0);
+  store(p.dc0, s.dtype, g.dc0);
 }
 
 }  // namespace hfnn::kernels::lstm

@@ -14,6 +14,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/common/family.h"
 #include "kernels/layer_norm/layer_norm_family.h"
+#include "kernels/lstm/lstm_family.h"
 #include "profiles/db.h"
 #include "src/dispatch.h"
 #include "tuner/tune_db.h"
@@ -88,7 +89,7 @@ fs::path tuned_db(const std::string& name) {
                {winner("fwd", "fwd_no_such_variant"), winner("bwd", "bwd_block")});
   tuner::store(db, id, "fake_attention", "n=512", "float16",
                {winner("fwd", "torch"), winner("bwd_b", "bwd_b_v1"), winner("bwd_a", "bwd_a_gone")});
-  tuner::store(db, id, "lstm", "whatever", "float32", {winner("fwd", "lstm_variant")});
+  tuner::store(db, id, "gru", "whatever", "float32", {winner("fwd", "gru_variant")});
   env.torch = "2.10.0+cu128";  // another torch: never applied here
   tuner::store(db, tuner::env_id(db, env, true), "layer_norm", "rows=8,D=8,affine=0", "float32",
                {winner("fwd", "fwd_block")});
@@ -125,6 +126,38 @@ TEST(DispatchTable, ReadsTheWinnersOfThisGpuAndTheseVersions) {
   EXPECT_EQ(t.for_gpu(Gpu{"NVIDIA H200", "9.0", 114}, "layer_norm"), nullptr);  // same name, other SM count
 }
 
+TEST(DispatchTable, FindsLstmWinnersByTheKeyTheOpPacks) {
+  const fs::path path = tuned_db("lstm.db");
+  {
+    profiles::Database db(path.string(), true);
+    tuner::TuneEnv env;
+    env.gpu = kH200.name, env.compute_capability = kH200.compute_capability, env.sm_count = kH200.sm_count;
+    env.cuda = kVersions.cuda, env.torch = kVersions.torch, env.hfnn = kVersions.hfnn;
+    const int64_t id = tuner::env_id(db, env, true);
+    namespace lstm = kernels::lstm;
+    lstm::Key seed;
+    seed.input = 985, seed.hidden = 985, seed.batch = 4, seed.steps = 1000, seed.batch_first = true;
+    tuner::store(db, id, "lstm", seed.text(), "bfloat16", {winner("train", "persistent")});
+    lstm::Key big = seed;
+    big.hidden = 4096, big.bidirectional = true;
+    tuner::store(db, id, "lstm", big.text(), "float32", {winner("train", "torch")});
+  }
+  const Table t = Table::load(path.string(), kVersions);
+  EXPECT_EQ(t.key_count("lstm"), 2u);
+  const WinnerMap* map = t.for_gpu(kH200, "lstm");
+  ASSERT_NE(map, nullptr);
+  namespace lstm = kernels::lstm;
+  const auto big = map->find(lstm::pack(985, 4096, 1, 4, 1000, DType::kFloat32, true, true, true, false));
+  ASSERT_NE(big, map->end());
+  EXPECT_EQ(big->second[lstm::kTrain].index, Pick::kTorch);
+  EXPECT_EQ(map->count(lstm::pack(985, 985, 1, 4, 1000, DType::kFloat16, false, true, true, false)), 0u);
+#if HFNN_WITH_CUDA
+  const auto seed = map->find(lstm::pack(985, 985, 1, 4, 1000, DType::kBFloat16, false, true, true, false));
+  ASSERT_NE(seed, map->end());
+  EXPECT_EQ(seed->second[lstm::kTrain].index, 0);  // persistent: first in the registry
+#endif
+}
+
 TEST(DispatchTable, HoldsEachFamilysWinnersApartAndSkipsOpsWithoutAFamily) {
   const Table t = Table::load(tuned_db("two_families.db").string(), kVersions, fake::kWithFake);
   ASSERT_EQ(t.gpu_count(), 1u);
@@ -137,12 +170,12 @@ TEST(DispatchTable, HoldsEachFamilysWinnersApartAndSkipsOpsWithoutAFamily) {
   EXPECT_EQ(w[2].index, 1);                // bwd_b_v1: second in variants("bwd_b")
   EXPECT_EQ(w[3].index, Pick::kNotTuned);  // beyond the family's passes
   EXPECT_EQ(t.key_count("fake_attention"), 1u);
-  EXPECT_EQ(t.key_count("lstm"), 0u);
+  EXPECT_EQ(t.key_count("gru"), 0u);
   EXPECT_EQ(t.key_count(), t.key_count("layer_norm") + 1);
   // LayerNorm's keys never collide with the fake family's, though both are packed integers.
   EXPECT_EQ(t.for_gpu(kH200, "layer_norm")->count(fake::pack(512)), 0u);
   // A tuned GPU without winners of an op: an empty map (keys not tuned), not "no table".
-  const WinnerMap* none = t.for_gpu(kH200, "lstm");
+  const WinnerMap* none = t.for_gpu(kH200, "gru");
   ASSERT_NE(none, nullptr);
   EXPECT_TRUE(none->empty());
   std::vector<std::string> unknown = t.unknown_variants;
@@ -230,7 +263,8 @@ TEST(DispatchRuntime, ResolvesEachDeviceOnceAndCounts) {
   const int layer_norm = rt.family_index("layer_norm");
   ASSERT_GE(layer_norm, 0);
   EXPECT_GE(rt.family_index("multihead_attention"), 0);
-  EXPECT_EQ(rt.family_index("lstm"), -1);
+  EXPECT_GE(rt.family_index("lstm"), 0);
+  EXPECT_EQ(rt.family_index("gru"), -1);
   rt.configure(std::make_shared<const Table>(Table::load(tuned_db("runtime.db").string(), kVersions)), "runtime.db",
                Policy::kTorch, false);
   rt.reset_counts();

@@ -21,15 +21,12 @@ using hfnn::kernels::DType;
 #if HFNN_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "tests/cpp/cuda_test_util.h"
+
 namespace {
 
-std::string no_gpu_reason() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(err);
-  if (count == 0) return "no CUDA device";
-  return {};
-}
+using hfnn::test::DeviceBuffer;
+using hfnn::test::no_gpu_reason;
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
 
@@ -48,25 +45,6 @@ const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat16, DType::kBF
 
 // Relative tolerance of an output rounded to `dtype` from float32 arithmetic.
 double tolerance(DType dtype) { return dtype == DType::kFloat32 ? 2e-5 : (dtype == DType::kFloat16 ? 2e-3 : 1.6e-2); }
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n) cudaMalloc(&ptr, n);
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void poison() const { cudaMemset(ptr, 0xff, bytes); }  // NaN in every float format
-  std::vector<unsigned char> bytes_back() const {
-    std::vector<unsigned char> h(bytes);
-    cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 // Values of an array of `dtype`, stored host-side as that dtype's bytes and as exact floats.
 struct HostArray {

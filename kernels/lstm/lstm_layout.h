@@ -1,0 +1,39 @@
+// The LSTM variants' workspace layouts (lstm.h: fwd_workspace_bytes, bwd_scratch_bytes), host
+// code without CUDA so the sizes are known (and CPU-tested) in any build.
+#pragma once
+#include <cstddef>
+
+#include "kernels/lstm/lstm.h"
+
+namespace hfnn::kernels::lstm::detail {
+
+// The forward's workspace, byte offsets (each 256-aligned):
+//   gates  float [T, B, 4H]: the input projection x W_ih^T, overwritten step by step (same
+//          elements, same thread) by the gates after their activations
+//   cs     float [T, B, H]: c_t
+//   hs     float [T+1, B, H]: the h history in float32 (the persistent forward's recurrence reads it)
+//   hd     dtype [T+1, B, H]: the same history in the dtype, for the backward's GEMMs (for float32 it
+//          is hs itself)
+// History slots: time t reads slot read_slot(t) and writes write_slot(t); the first step reads the
+// initial slot (h0 or zeros). Forward: t reads slot t, writes t+1. Reverse: t reads t+1, writes t.
+// So the h that time t read is row t of hd (forward) or row t+1 (reverse): in either direction
+// rows [first, first+T) of hd pair with dG's rows in time order, one GEMM for dW_hh.
+struct FwdLayout {
+  std::size_t gates = 0, cs = 0, hs = 0, hd = 0, bytes = 0;
+};
+// The backward's scratch:
+//   dg    float [T, B, 4H]: the gates' pre-activation gradients, by time
+//   dg16  dtype [T, B, 4H]: the same in the dtype for the GEMMs (float32: dg itself)
+//   dh, dc float [B, H]: the recurrent gradients (the steps variant's; the persistent one keeps them on chip)
+//   dbp   float [db_splits, 4H]: partial column sums of dg
+struct BwdLayout {
+  std::size_t dg = 0, dg16 = 0, dh = 0, dc = 0, dbp = 0, bytes = 0;
+  int db_splits = 1;
+};
+FwdLayout fwd_layout(const Shape& s);
+BwdLayout bwd_layout(const Shape& s);
+
+// Sizes a kernel may index with int (blocks' loops) and the GEMMs take.
+bool valid_shape(const Shape& s);
+
+}  // namespace hfnn::kernels::lstm::detail

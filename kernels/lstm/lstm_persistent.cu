@@ -1,0 +1,491 @@
+// The persistent LSTM variant: the input projection as one GEMM up front, then ONE cooperative
+// launch for the whole recurrence (every block resident, one grid barrier a step).
+//
+// Forward. Block b owns hidden units [b*u, b*u + u) and keeps the rows of W_hh for their four
+// gates (4u x H, in the dtype) in shared memory for the whole sequence. A step stages h_{t-1}
+// (float32, from the history hs, which every block wrote its units of at the step before) in
+// batch chunks in shared memory, computes the 4u x B dot products of length H (float32 sums in a
+// fixed order: no atomics), adds the projection and the biases, applies the gates and updates c
+// (float32, in shared memory), writes y, h_t into the history's next slot, the gates and c_t.
+// Since every step writes a slot of its own, nothing a step reads is overwritten in it: one
+// barrier a step suffices.
+//
+// Backward. Block b owns the same kind of unit slice and keeps W_hh's COLUMNS for it (all 4H rows,
+// stored transposed: u x 4H). A step computes, for its units, dh = dy_t + dh_rec and the gate
+// gradients from the saved gates and c, writes them (dG_t, every block its units' columns), updates
+// dc, crosses the barrier, and then computes dh_rec for its units = sum over the 4H rows r of
+// W_hh[r, unit] dG_t[b, r] (all of dG_t, read from L2). After the loop dh0 = dh_rec, dc0 = dc; dW
+// and dx are GEMMs over all steps (lstm_common.cu).
+//
+// The block's products: warps take tiles of 4 weight rows x kBt batch rows (kBt 1, 2 or 4 as the
+// batch allows) and, where tiles are fewer than warps, a split of the row length; each lane sums
+// every 32nd group of 4 elements, the warp reduces its tile's values in one exchange (16 values
+// in 16 shuffles rather than 80), and the splits add in order.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <array>
+#include <optional>
+
+#include "kernels/lstm/lstm_common.cuh"
+
+namespace hfnn::kernels::lstm::detail {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRt = 4;        // weight rows a warp's tile covers
+constexpr int kMaxParts = 8;  // splits of the row length, where tiles are fewer than warps
+// Batch rows staged at once: about this many bytes of h (or dG) rows, at least 4 rows.
+constexpr int64_t kStageBytes = 32 * 1024;
+
+// What a launch's blocks need to know of their work, and where shared memory holds what.
+struct Geometry {
+  int units = 0;  // hidden units a block owns
+  int rows = 0;   // rows of its weight slice: 4 units (forward) or units (backward)
+  int kp = 0;     // their length padded to 4: H (forward) or 4H (backward)
+  int bs = 0;     // batch rows staged at once
+  int parts = 1;  // splits of the row length
+  int grid = 0;
+  int off_v = 0, off_acc = 0, off_state = 0, off_bias = 0, smem = 0;
+};
+
+int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
+
+int tile_batch(int64_t batch) { return batch == 1 ? 1 : batch == 2 ? 2 : 4; }
+
+// The geometry of `units` units a block; smem is what it needs (above the opt-in limit where it
+// cannot run at all).
+Geometry geometry(bool backward, const Shape& s, int64_t units, int kbt) {
+  Geometry g;
+  const int64_t H = s.hidden, B = s.batch, elem = static_cast<int64_t>(dtype_size(s.dtype));
+  const int64_t rows = backward ? units : 4 * units;
+  const int64_t kp = ((backward ? 4 * H : H) + 3) / 4 * 4;
+  const int64_t w_bytes = align16(rows * kp * elem);
+  const int64_t state = align16((backward ? 2 : 1) * units * B * 4), bias = backward ? 0 : align16(rows * 4);
+  int64_t bs = std::min(B, std::max(std::min<int64_t>(B, 4), kStageBytes / (kp * 4)));
+  int64_t parts = 1, smem = 0;
+  for (;;) {
+    const int64_t tiles = (rows + kRt - 1) / kRt * ((bs + kbt - 1) / kbt);
+    parts = std::max<int64_t>(1, std::min<int64_t>({kMaxParts, kWarps / tiles, kp / 4 / 32}));
+    smem = w_bytes + align16(bs * kp * 4) + align16(parts * rows * bs * 4) + state + bias;
+    if (smem <= s.device.smem_per_block_optin || bs == 1) break;
+    bs = (bs + 1) / 2;
+  }
+  if (smem > s.device.smem_per_block_optin) {
+    g.smem = INT32_MAX;
+    return g;
+  }
+  g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
+  g.bs = static_cast<int>(bs), g.parts = static_cast<int>(parts);
+  g.off_v = static_cast<int>(w_bytes);
+  g.off_acc = g.off_v + static_cast<int>(align16(bs * kp * 4));
+  g.off_state = g.off_acc + static_cast<int>(align16(parts * rows * bs * 4));
+  g.off_bias = g.off_state + static_cast<int>(state);
+  g.smem = static_cast<int>(smem);
+  return g;
+}
+
+// ---- device code ----------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ void load4(const T* p, float (&out)[4]) {
+  unpack<T, 4 * sizeof(T)>(load_pack<T, 4 * sizeof(T)>(p), out);
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// The sums over the warp of N values a lane (N a power of two <= 32), spread over the lanes: each
+// halving exchange sends half the values and keeps the other half, then the remaining lanes reduce
+// by butterfly. Every lane gets the total of value spread_index(lane); fixed order, so
+// bit-identical run to run.
+template <int N, int kHalf = N / 2, int kOffset = 16>
+__device__ __forceinline__ float warp_sum_spread(float (&v)[N], int lane) {
+  if constexpr (kHalf >= 1) {
+    const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const float send = upper ? v[i] : v[i + kHalf];
+      const float keep = upper ? v[i + kHalf] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+    }
+    return warp_sum_spread<N, kHalf / 2, kOffset / 2>(v, lane);
+  } else {
+    float r = v[0];
+#pragma unroll
+    for (int offset = kOffset; offset >= 1; offset /= 2) r += __shfl_xor_sync(0xffffffffu, r, offset);
+    return r;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ int spread_index(int lane) {
+  int idx = 0;
+#pragma unroll
+  for (int half = N / 2, offset = 16; half >= 1; half /= 2, offset /= 2)
+    if (lane & offset) idx += half;
+  return idx;
+}
+
+// acc[part][r][b] = sum over the part's share of k of W[r][k] V[b][k], for r < rows, b < nb.
+template <typename T, int kBt>
+__device__ __forceinline__ void block_products(const T* __restrict__ w, int rows, const float* __restrict__ v, int nb,
+                                               int kp, int parts, float* __restrict__ acc, int bs) {
+  constexpr int N = kRt * kBt;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int btiles = (nb + kBt - 1) / kBt, tiles = (rows + kRt - 1) / kRt * btiles;
+  const int groups = kp / 4, per_part = (groups + parts - 1) / parts;
+  for (int task = warp; task < tiles * parts; task += kWarps) {
+    const int part = task % parts, tile = task / parts;
+    const int r0 = tile / btiles * kRt, b0 = tile % btiles * kBt;
+    const T* wr[kRt];
+    const float* vr[kBt];
+#pragma unroll
+    for (int i = 0; i < kRt; ++i) wr[i] = w + static_cast<int64_t>(min(r0 + i, rows - 1)) * kp;
+#pragma unroll
+    for (int j = 0; j < kBt; ++j) vr[j] = v + static_cast<int64_t>(min(b0 + j, nb - 1)) * kp;
+    float s[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = 0.0f;
+    const int g_end = min(groups, (part + 1) * per_part);
+    for (int g = part * per_part + lane; g < g_end; g += 32) {
+      float x[kBt][4];
+#pragma unroll
+      for (int j = 0; j < kBt; ++j) load4(vr[j] + 4 * g, x[j]);
+#pragma unroll
+      for (int i = 0; i < kRt; ++i) {
+        float wv[4];
+        load4(wr[i] + 4 * g, wv);
+#pragma unroll
+        for (int j = 0; j < kBt; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i * kBt + j] = fmaf(wv[e], x[j][e], s[i * kBt + j]);
+      }
+    }
+    const float total = warp_sum_spread<N>(s, lane);
+    const int idx = spread_index<N>(lane);
+    const int r = r0 + idx / kBt, b = b0 + idx % kBt;
+    if ((lane & (32 / N - 1)) == 0 && r < rows && b < nb) acc[(part * rows + r) * bs + b] = total;
+  }
+}
+
+// Stages rows [b0, b0 + nb) of `src` ([*, len] float, written by other blocks in this launch: read
+// from L2) into v [nb, kp], zero past len.
+__device__ __forceinline__ void stage(float* __restrict__ v, const float* src, int b0, int nb, int len, int kp) {
+  for (int idx = threadIdx.x; idx < nb * kp; idx += kThreads) {
+    const int bb = idx / kp, k = idx - bb * kp;
+    v[idx] = k < len ? __ldcg(src + static_cast<int64_t>(b0 + bb) * len + k) : 0.0f;
+  }
+}
+
+template <typename T>
+struct FwdArgs {
+  int64_t steps;
+  int batch, hidden;
+  bool reverse;
+  Geometry geo;
+  const T *w_hh, *b_ih, *b_hh, *h0, *c0;
+  T *y, *h_n, *c_n;
+  float *gates, *cs, *hs;
+  T* hd;  // null for float32 (hs is the dtype's history)
+};
+
+template <typename T, int kBt>
+__global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<T> a) {
+  cg::grid_group grid = cg::this_grid();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Geometry& geo = a.geo;
+  const int u = geo.units, rows = geo.rows, kp = geo.kp, bs = geo.bs, parts = geo.parts;
+  const int H = a.hidden, B = a.batch, tid = threadIdx.x;
+  const int unit0 = static_cast<int>(blockIdx.x) * u;
+  const int64_t BH = static_cast<int64_t>(B) * H, G = 4 * static_cast<int64_t>(H);
+  T* w = reinterpret_cast<T*>(smem);
+  float* v = reinterpret_cast<float*>(smem + geo.off_v);
+  float* acc = reinterpret_cast<float*>(smem + geo.off_acc);
+  float* c_state = reinterpret_cast<float*>(smem + geo.off_state);  // [B][u]
+  float* bias = reinterpret_cast<float*>(smem + geo.off_bias);       // [4u]
+
+  // Row r = gate * u + j of the slice is W_hh's row gate * H + unit0 + j (zeros past H).
+  for (int idx = tid; idx < rows * kp; idx += kThreads) {
+    const int r = idx / kp, k = idx - r * kp, gate = r / u, unit = unit0 + r - gate * u;
+    w[idx] = unit < H && k < H ? a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k] : from_float<T>(0.0f);
+  }
+  for (int r = tid; r < rows; r += kThreads) {
+    const int gate = r / u, unit = unit0 + r - gate * u;
+    bias[r] = unit < H ? load_or_zero(a.b_ih, gate * H + unit) + load_or_zero(a.b_hh, gate * H + unit) : 0.0f;
+  }
+  const int64_t first = initial_slot(a.steps, a.reverse);
+  for (int idx = tid; idx < B * u; idx += kThreads) {
+    const int b = idx / u, unit = unit0 + idx - b * u;
+    if (unit >= H) continue;
+    const int64_t e = static_cast<int64_t>(b) * H + unit;
+    c_state[idx] = load_or_zero(a.c0, e);
+    a.hs[first * BH + e] = load_or_zero(a.h0, e);
+    if (a.hd) a.hd[first * BH + e] = a.h0 ? a.h0[e] : from_float<T>(0.0f);
+  }
+  grid.sync();
+
+  for (int64_t s = 0; s < a.steps; ++s) {
+    const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
+    const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
+    for (int b0 = 0; b0 < B; b0 += bs) {
+      const int nb = min(bs, B - b0);
+      stage(v, h_prev, b0, nb, H, kp);
+      __syncthreads();
+      block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
+      __syncthreads();
+      for (int idx = tid; idx < nb * u; idx += kThreads) {
+        const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
+        if (unit >= H) continue;
+        float* g = a.gates + (t * B + b) * G + unit;  // the projection in, the gates out
+        float pre[4];
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) {
+          float sum = 0.0f;
+          for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + j) * bs + bb];
+          pre[gate] = sum + g[gate * H] + bias[gate * u + j];
+        }
+        const int si = b * u + j;
+        const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
+        c_state[si] = c.c;
+        g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
+        const int64_t e = static_cast<int64_t>(b) * H + unit;
+        const T h = from_float<T>(c.h);
+        a.cs[t * BH + e] = c.c;
+        a.hs[out_slot * BH + e] = c.h;
+        if (a.hd) a.hd[out_slot * BH + e] = h;
+        a.y[t * BH + e] = h;
+        if (s + 1 == a.steps) {
+          a.h_n[e] = h;
+          a.c_n[e] = from_float<T>(c.c);
+        } else {  // the next step's projection, from HBM into L2 while this step finishes
+          const float* next = a.gates + (time_of(s + 1, a.steps, a.reverse) * B + b) * G + unit;
+#pragma unroll
+          for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
+        }
+      }
+      __syncthreads();
+    }
+    if (s + 1 < a.steps) grid.sync();
+  }
+}
+
+template <typename T>
+struct BwdArgs {
+  int64_t steps;
+  int batch, hidden;
+  bool reverse;
+  Geometry geo;
+  const T *w_hh, *dy, *dh_n, *dc_n, *c0;
+  const float *gates, *cs;
+  float* dg;
+  T* dg16;  // null for float32 (dg is the dtype's)
+  T *dh0, *dc0;
+};
+
+template <typename T, int kBt>
+__global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<T> a) {
+  cg::grid_group grid = cg::this_grid();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Geometry& geo = a.geo;
+  const int u = geo.units, kp = geo.kp, bs = geo.bs, parts = geo.parts;
+  const int H = a.hidden, B = a.batch, tid = threadIdx.x;
+  const int unit0 = static_cast<int>(blockIdx.x) * u;
+  const int64_t BH = static_cast<int64_t>(B) * H, G = 4 * static_cast<int64_t>(H);
+  T* w = reinterpret_cast<T*>(smem);
+  float* v = reinterpret_cast<float*>(smem + geo.off_v);
+  float* acc = reinterpret_cast<float*>(smem + geo.off_acc);
+  float* dh_rec = reinterpret_cast<float*>(smem + geo.off_state);  // [B][u]
+  float* dc = dh_rec + B * u;                                        // [B][u]
+
+  // Row j of the slice is W_hh's column unit0 + j over all 4H rows (zeros past them); consecutive
+  // threads read consecutive columns of a row.
+  for (int idx = tid; idx < u * kp; idx += kThreads) {
+    const int r = idx / u, j = idx - r * u, unit = unit0 + j;
+    w[j * kp + r] = unit < H && r < G ? a.w_hh[static_cast<int64_t>(r) * H + unit] : from_float<T>(0.0f);
+  }
+  for (int idx = tid; idx < B * u; idx += kThreads) {
+    const int b = idx / u, unit = unit0 + idx - b * u;
+    const int64_t e = static_cast<int64_t>(b) * H + unit;
+    dh_rec[idx] = unit < H ? load_or_zero(a.dh_n, e) : 0.0f;
+    dc[idx] = unit < H ? load_or_zero(a.dc_n, e) : 0.0f;
+  }
+  __syncthreads();
+
+  for (int64_t s = a.steps - 1; s >= 0; --s) {
+    const int64_t t = time_of(s, a.steps, a.reverse);
+    const int64_t t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
+    for (int idx = tid; idx < B * u; idx += kThreads) {
+      const int b = idx / u, unit = unit0 + idx - b * u;
+      if (unit >= H) continue;
+      const int64_t e = static_cast<int64_t>(b) * H + unit, row = (t * B + b) * G + unit;
+      const float* g = a.gates + row;
+      const float c_prev = t_prev >= 0 ? a.cs[t_prev * BH + e] : load_or_zero(a.c0, e);
+      const float dh = dh_rec[idx] + load_or_zero(a.dy, t * BH + e);
+      const CellGrad d = cell_backward(g[0], g[H], g[2 * H], g[3 * H], a.cs[t * BH + e], c_prev, dh, dc[idx]);
+      dc[idx] = d.dc_prev;
+      float* out = a.dg + row;
+      out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
+      if (a.dg16) {
+        T* o16 = a.dg16 + row;
+        o16[0] = from_float<T>(d.di), o16[H] = from_float<T>(d.df), o16[2 * H] = from_float<T>(d.dg);
+        o16[3 * H] = from_float<T>(d.dout);
+      }
+      if (s == 0) {
+        a.dc0[e] = from_float<T>(d.dc_prev);
+      } else {  // the next step's saved gates and c, from HBM into L2 while this step finishes
+        const float* next = a.gates + (t_prev * B + b) * G + unit;
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
+        prefetch_l2(a.cs + t_prev * BH + e);
+        if (s > 1) prefetch_l2(a.cs + time_of(s - 2, a.steps, a.reverse) * BH + e);
+        if (a.dy) prefetch_l2(a.dy + t_prev * BH + e);
+      }
+    }
+    grid.sync();
+    const float* dg_t = a.dg + t * B * G;
+    for (int b0 = 0; b0 < B; b0 += bs) {
+      const int nb = min(bs, B - b0);
+      stage(v, dg_t, b0, nb, static_cast<int>(G), kp);
+      __syncthreads();
+      block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
+      __syncthreads();
+      for (int idx = tid; idx < nb * u; idx += kThreads) {
+        const int bb = idx / u, j = idx - bb * u, unit = unit0 + j;
+        float sum = 0.0f;
+        for (int p = 0; p < parts; ++p) sum += acc[(p * u + j) * bs + bb];
+        dh_rec[(b0 + bb) * u + j] = sum;
+        if (s == 0 && unit < H) a.dh0[static_cast<int64_t>(b0 + bb) * H + unit] = from_float<T>(sum);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+template <typename F>
+decltype(auto) with_tile_batch(int kbt, F&& f) {
+  if (kbt == 1) return f.template operator()<1>();
+  if (kbt == 2) return f.template operator()<2>();
+  return f.template operator()<4>();
+}
+
+const void* kernel_of(bool backward, DType dtype, int kbt) {
+  return dispatch_dtype(dtype, [&]<typename T>() {
+    return with_tile_batch(kbt, [&]<int kBt>() {
+      return backward ? reinterpret_cast<const void*>(persistent_bwd_kernel<T, kBt>)
+                      : reinterpret_cast<const void*>(persistent_fwd_kernel<T, kBt>);
+    });
+  });
+}
+
+// The launch for a shape: the fewest units a block (the most blocks, so the most SMs busy) such
+// that every block of the grid is resident; nullopt where none is (the slice does not fit shared
+// memory, or not enough blocks fit the device). Depends on neither T nor the pointers; the answers
+// of the last few shapes are kept (supports() runs on every call of the op).
+std::optional<Geometry> plan(bool backward, const Shape& s) {
+  if (!valid_shape(s) || s.device.device < 0 || s.device.cc_major < 6 || s.device.sm_count < 1) return std::nullopt;
+  struct Entry {
+    bool backward;
+    int64_t batch, hidden;
+    DType dtype;
+    int device;
+    std::optional<Geometry> geo;
+  };
+  thread_local std::array<Entry, 16> recent{};
+  thread_local unsigned next = 0;
+  thread_local bool any = false;
+  if (any)
+    for (const Entry& e : recent)
+      if (e.device == s.device.device && e.backward == backward && e.batch == s.batch && e.hidden == s.hidden &&
+          e.dtype == s.dtype)
+        return e.geo;
+  const int kbt = tile_batch(s.batch);
+  const void* kernel = kernel_of(backward, s.dtype, kbt);
+  const int64_t H = s.hidden;
+  // At most 2048 threads an SM: a lower bound on the units a block needs.
+  const int64_t most_blocks = static_cast<int64_t>(s.device.sm_count) * (2048 / kThreads);
+  std::optional<Geometry> found;
+  const int64_t fewest = std::max<int64_t>(1, (H + most_blocks - 1) / most_blocks);
+  for (int64_t units = fewest; units <= H; ++units) {
+    const int64_t grid = (H + units - 1) / units;
+    if (units > fewest && (H + units - 2) / (units - 1) == grid) continue;  // that grid with less shared memory was refused
+    Geometry g = geometry(backward, s, units, kbt);
+    if (g.smem > s.device.smem_per_block_optin) break;  // more units only need more
+    if (grid <= resident_clusters(kernel, kThreads, 1, static_cast<std::size_t>(g.smem), 1, s.device)) {
+      g.grid = static_cast<int>(grid);
+      found = g;
+      break;
+    }
+  }
+  recent[next++ % recent.size()] = {backward, s.batch, s.hidden, s.dtype, s.device.device, found};
+  any = true;
+  return found;
+}
+
+// A cooperative launch (every block resident, grid.sync() valid) through cudaLaunchKernelEx, which
+// returns this launch's own error.
+template <typename Args>
+cudaError_t launch_cooperative(void (*kernel)(Args), const Geometry& g, cudaStream_t stream, const Args& args) {
+  if (const cudaError_t e = allow_smem(kernel, static_cast<std::size_t>(g.smem)); e != cudaSuccess) return e;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(g.grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<std::size_t>(g.smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeCooperative;
+  attribute[0].val.cooperative = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args);
+}
+
+}  // namespace
+
+bool persistent_supports(const Shape& s) { return plan(false, s).has_value() && plan(true, s).has_value(); }
+
+cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
+  const Shape& s = p.shape;
+  const auto geo = plan(false, s);
+  if (!geo || !plan(true, s)) return cudaErrorInvalidConfiguration;
+  if (const cudaError_t e = input_projection(p, stream); e != cudaSuccess) return e;
+  return dispatch_dtype(s.dtype, [&]<typename T>() {
+    const FwdBuffers<T> ws = fwd_buffers<T>(s, p.workspace);
+    FwdArgs<T> a{};
+    a.steps = s.steps, a.batch = static_cast<int>(s.batch), a.hidden = static_cast<int>(s.hidden);
+    a.reverse = p.reverse, a.geo = *geo;
+    a.w_hh = static_cast<const T*>(p.w_hh), a.b_ih = static_cast<const T*>(p.b_ih);
+    a.b_hh = static_cast<const T*>(p.b_hh), a.h0 = static_cast<const T*>(p.h0), a.c0 = static_cast<const T*>(p.c0);
+    a.y = static_cast<T*>(p.y), a.h_n = static_cast<T*>(p.h_n), a.c_n = static_cast<T*>(p.c_n);
+    a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs, a.hd = s.dtype == DType::kFloat32 ? nullptr : ws.hd;
+    return with_tile_batch(tile_batch(s.batch),
+                           [&]<int kBt>() { return launch_cooperative(persistent_fwd_kernel<T, kBt>, *geo, stream, a); });
+  });
+}
+
+cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream) {
+  const Shape& s = p.shape;
+  const auto geo = plan(true, s);
+  if (!geo || !plan(false, s)) return cudaErrorInvalidConfiguration;
+  const cudaError_t err = dispatch_dtype(s.dtype, [&]<typename T>() {
+    const FwdBuffers<T> ws = fwd_buffers<T>(s, const_cast<void*>(p.workspace));
+    const BwdBuffers<T> sc = bwd_buffers<T>(s, p.scratch);
+    BwdArgs<T> a{};
+    a.steps = s.steps, a.batch = static_cast<int>(s.batch), a.hidden = static_cast<int>(s.hidden);
+    a.reverse = p.reverse, a.geo = *geo;
+    a.w_hh = static_cast<const T*>(p.w_hh), a.dy = static_cast<const T*>(p.dy);
+    a.dh_n = static_cast<const T*>(p.dh_n), a.dc_n = static_cast<const T*>(p.dc_n), a.c0 = static_cast<const T*>(p.c0);
+    a.gates = ws.gates, a.cs = ws.cs, a.dg = sc.dg, a.dg16 = s.dtype == DType::kFloat32 ? nullptr : sc.dg16;
+    a.dh0 = static_cast<T*>(p.dh0), a.dc0 = static_cast<T*>(p.dc0);
+    return with_tile_batch(tile_batch(s.batch),
+                           [&]<int kBt>() { return launch_cooperative(persistent_bwd_kernel<T, kBt>, *geo, stream, a); });
+  });
+  if (err != cudaSuccess) return err;
+  return backward_gemms(p, stream);
+}
+
+}  // namespace hfnn::kernels::lstm::detail

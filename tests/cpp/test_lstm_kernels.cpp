@@ -1,0 +1,399 @@
+// The LSTM kernel variants (kernels/lstm/lstm.h) against the float64 reference: every variant,
+// every dtype, outputs (y, h_n, c_n) and every gradient (dx, dW_ih, dW_hh, db, dh0, dc0) over a
+// dense sweep of hidden sizes (1 to 17, each side of the powers of two, the seed's 985, 2048 and
+// the largest the persistent variant claims), batches, steps, input widths, with and without
+// h0/c0, biases, dh_n/dc_n, in both directions; outputs poisoned before each run so unwritten
+// elements fail; the persistent variant bit-identical run to run; supports() false just past its
+// limit. A new variant is tested here without new test code. GPU tests skip, with the reason,
+// where there is no device; the workspace sizes and the refusals without a device run anywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/lstm/lstm.h"
+#include "kernels/lstm/lstm_family.h"
+
+namespace hfnn::kernels::lstm {
+namespace {
+
+TEST(LstmKernelsCpu, WorkspaceSizesCoverEveryBuffer) {
+  Shape s;
+  s.steps = 3, s.batch = 2, s.input = 5, s.hidden = 7;
+  const std::size_t T = 3, B = 2, H = 7;
+  // gates [T, B, 4H], c [T, B, H], the h history [T+1, B, H] in float32 (and the dtype for 16-bit).
+  EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * H) * 4);
+  s.dtype = DType::kBFloat16;
+  EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * H) * 4 + (T + 1) * B * H * 2);
+  // dG [T, B, 4H] in float32 (and the dtype), dh and dc [B, H], db's partial sums.
+  EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 6 + 2 * B * H * 4 + 4 * H * 4);
+  s.dtype = DType::kFloat32;
+  EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 4 + 2 * B * H * 4 + 4 * H * 4);
+  for (int64_t* dim : {&s.steps, &s.batch, &s.input, &s.hidden}) {
+    const int64_t keep = *dim;
+    *dim = 0;
+    EXPECT_EQ(fwd_workspace_bytes(s), 0u);
+    EXPECT_EQ(bwd_scratch_bytes(s), 0u);
+    *dim = keep;
+  }
+}
+
+#if HFNN_WITH_CUDA
+TEST(LstmKernelsCpu, RegistryFollowsTheFamilysNamesAndRefusesWithoutADevice) {
+  const auto listed = kFamily.variants("train");
+  ASSERT_EQ(listed.size(), variants().size());
+  Shape s;
+  s.steps = 2, s.batch = 2, s.input = 8, s.hidden = 8;  // device -1: no device, nothing runs
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    const Variant& v = variants()[i];
+    EXPECT_EQ(listed[i].name, v.name);
+    EXPECT_EQ(find(v.name), &v);
+    EXPECT_FALSE(v.supports(s)) << v.name;
+  }
+  EXPECT_EQ(find("no_such_variant"), nullptr);
+  EXPECT_TRUE(kFamily.variants("fwd").empty());
+}
+#else
+TEST(LstmKernelsCpu, NoVariantsWithoutCuda) { EXPECT_TRUE(kFamily.variants("train").empty()); }
+#endif
+
+}  // namespace
+}  // namespace hfnn::kernels::lstm
+
+#if HFNN_WITH_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "tests/cpp/cuda_test_util.h"
+
+namespace hfnn::kernels::lstm {
+namespace {
+
+using test::DeviceBuffer;
+using test::no_gpu_reason;
+
+// cuBLASLt's handle and a workspace for the whole test binary.
+GemmContext gemm_context() {
+  static cublasLtHandle_t handle = [] {
+    cublasLtHandle_t h = nullptr;
+    cublasLtCreate(&h);
+    return h;
+  }();
+  static void* workspace = [] {
+    void* p = nullptr;
+    cudaMalloc(&p, std::size_t{32} << 20);
+    return p;
+  }();
+  GemmContext c;
+  c.handle = handle, c.workspace = workspace, c.workspace_size = std::size_t{32} << 20;
+  return c;
+}
+
+struct Case {
+  int64_t T, B, I, H;
+  DType dtype;
+  bool state, bias, reverse, final_grads;  // h0/c0 given, biases, reverse, dh_n/dc_n given
+  std::string name() const {
+    return "T" + std::to_string(T) + " B" + std::to_string(B) + " I" + std::to_string(I) + " H" + std::to_string(H) +
+           " " + std::string(dtype_name(dtype)) + (state ? " h0c0" : "") + (bias ? " bias" : "") +
+           (reverse ? " reverse" : "") + (final_grads ? " dhn" : "");
+  }
+  Shape shape() const {
+    Shape s;
+    s.steps = T, s.batch = B, s.input = I, s.hidden = H, s.dtype = dtype;
+    s.device = current_device_info();
+    return s;
+  }
+};
+
+// An input array: its dtype's bytes on the host and on the device.
+struct Input {
+  std::vector<unsigned char> host;
+  DeviceBuffer dev;
+  Input(DType dtype, std::size_t n, std::mt19937& rng, float scale, bool uniform)
+      : host(n * dtype_size(dtype)), dev(n * dtype_size(dtype)) {
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> flat(-1.0f, 1.0f);
+    for (std::size_t i = 0; i < n; ++i) host_store(host.data(), dtype, i, scale * (uniform ? flat(rng) : normal(rng)));
+    cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice);
+  }
+};
+
+// An output: on the device (poisoned) and the reference's on the host.
+struct Output {
+  std::string name;
+  std::size_t n;
+  DeviceBuffer dev;
+  std::vector<unsigned char> ref;
+  Output(std::string label, DType dtype, std::size_t count)
+      : name(std::move(label)), n(count), dev(count * dtype_size(dtype)), ref(count * dtype_size(dtype)) {
+    dev.poison();
+  }
+};
+
+// max|got - ref| / max|ref|, the family gate's measure; infinity for a NaN (an unwritten element).
+double error_of(const Output& o, DType dtype) {
+  const auto got = o.dev.bytes_back();
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < o.n; ++i) {
+    const double g = host_load(got.data(), dtype, i), r = host_load(o.ref.data(), dtype, i);
+    if (std::isnan(g)) return INFINITY;
+    num = std::max(num, std::abs(g - r));
+    den = std::max(den, std::abs(r));
+  }
+  return num / std::max(den, 1e-12);
+}
+
+// Everything one case needs, inputs filled; run() runs a variant and checks it.
+struct Problem {
+  Case c;
+  std::mt19937 rng;
+  Input x, w_ih, w_hh, b_ih, b_hh, h0, c0, dy, dh_n, dc_n;
+  Output y, h_n, c_n, dx, dw_ih, dw_hh, db, dh0, dc0;
+  DeviceBuffer ws, scratch;
+
+  explicit Problem(const Case& k)
+      : c(k),
+        rng(static_cast<unsigned>(k.T * 1000003 + k.B * 1009 + k.I * 31 + k.H)),
+        // torch's initialization: U(-1/sqrt(H), 1/sqrt(H)) for every weight and bias
+        x(k.dtype, k.T * k.B * k.I, rng, 1.0f, false),
+        w_ih(k.dtype, 4 * k.H * k.I, rng, 1.0f / std::sqrt(static_cast<float>(k.H)), true),
+        w_hh(k.dtype, 4 * k.H * k.H, rng, 1.0f / std::sqrt(static_cast<float>(k.H)), true),
+        b_ih(k.dtype, 4 * k.H, rng, 1.0f / std::sqrt(static_cast<float>(k.H)), true),
+        b_hh(k.dtype, 4 * k.H, rng, 1.0f / std::sqrt(static_cast<float>(k.H)), true),
+        h0(k.dtype, k.B * k.H, rng, 0.5f, false),
+        c0(k.dtype, k.B * k.H, rng, 0.5f, false),
+        dy(k.dtype, k.T * k.B * k.H, rng, 1.0f, false),
+        dh_n(k.dtype, k.B * k.H, rng, 1.0f, false),
+        dc_n(k.dtype, k.B * k.H, rng, 1.0f, false),
+        y("y", k.dtype, k.T * k.B * k.H),
+        h_n("h_n", k.dtype, k.B * k.H),
+        c_n("c_n", k.dtype, k.B * k.H),
+        dx("dx", k.dtype, k.T * k.B * k.I),
+        dw_ih("dw_ih", k.dtype, 4 * k.H * k.I),
+        dw_hh("dw_hh", k.dtype, 4 * k.H * k.H),
+        db("db", k.dtype, 4 * k.H),
+        dh0("dh0", k.dtype, k.B * k.H),
+        dc0("dc0", k.dtype, k.B * k.H),
+        ws(fwd_workspace_bytes(k.shape())),
+        scratch(bwd_scratch_bytes(k.shape())) {}
+
+  // The params over device (or, host, the reference's host) pointers.
+  FwdParams fwd(bool host) {
+    auto in = [&](Input& i) -> const void* { return host ? static_cast<const void*>(i.host.data()) : i.dev.ptr; };
+    auto out = [&](Output& o) -> void* { return host ? static_cast<void*>(o.ref.data()) : o.dev.ptr; };
+    FwdParams p;
+    p.shape = c.shape();
+    p.x = in(x), p.w_ih = in(w_ih), p.w_hh = in(w_hh);
+    p.b_ih = c.bias ? in(b_ih) : nullptr, p.b_hh = c.bias ? in(b_hh) : nullptr;
+    p.h0 = c.state ? in(h0) : nullptr, p.c0 = c.state ? in(c0) : nullptr;
+    p.y = out(y), p.h_n = out(h_n), p.c_n = out(c_n);
+    p.reverse = c.reverse;
+    p.workspace = ws.ptr;
+    p.gemm = gemm_context();
+    return p;
+  }
+  BwdParams bwd(bool host) {
+    auto in = [&](Input& i) -> const void* { return host ? static_cast<const void*>(i.host.data()) : i.dev.ptr; };
+    auto out = [&](Output& o) -> void* { return host ? static_cast<void*>(o.ref.data()) : o.dev.ptr; };
+    BwdParams p;
+    p.shape = c.shape();
+    p.dy = in(dy);
+    p.dh_n = c.final_grads ? in(dh_n) : nullptr, p.dc_n = c.final_grads ? in(dc_n) : nullptr;
+    p.x = in(x), p.w_ih = in(w_ih), p.w_hh = in(w_hh);
+    p.c0 = c.state ? in(c0) : nullptr;
+    p.workspace = ws.ptr, p.scratch = scratch.ptr;
+    p.dx = out(dx), p.dw_ih = out(dw_ih), p.dw_hh = out(dw_hh), p.db = out(db), p.dh0 = out(dh0), p.dc0 = out(dc0);
+    p.reverse = c.reverse;
+    p.gemm = gemm_context();
+    return p;
+  }
+  std::vector<Output*> outputs() { return {&y, &h_n, &c_n, &dx, &dw_ih, &dw_hh, &db, &dh0, &dc0}; }
+
+  void reference() {
+    reference_fwd(fwd(true));
+    reference_bwd(fwd(true), bwd(true));
+  }
+
+  // Runs the variant's forward and backward; "" or what failed.
+  std::string run(const Variant& v) {
+    if (const cudaError_t e = v.forward(fwd(false), nullptr); e != cudaSuccess)
+      return std::string("forward: ") + cudaGetErrorString(e) + " " + last_gemm_error();
+    if (const cudaError_t e = v.backward(bwd(false), nullptr); e != cudaSuccess)
+      return std::string("backward: ") + cudaGetErrorString(e) + " " + last_gemm_error();
+    if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return std::string("sync: ") + cudaGetErrorString(e);
+    return {};
+  }
+};
+
+// The sizes the sweep covers (the hidden sizes all, batches and steps a few each, in turn).
+const std::vector<int64_t> kHidden = {1,   2,   3,   4,   5,   6,   7,   8,   9,    10,   11,   12,  13, 14, 15, 16, 17, 31,
+                                      32,  33,  63,  64,  65,  127, 128, 129, 255, 256, 257, 511, 512, 513,
+                                      985, 1023, 1024, 1025, 2048};
+const std::vector<int64_t> kBatch = {1, 2, 3, 4, 5, 8, 16, 31, 32, 33, 64, 128, 256};
+const std::vector<int64_t> kSteps = {1, 2, 3, 7, 64};
+const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+// Steps and batch cut to keep the CPU reference quick (about 3e7 multiply-adds a case).
+Case bounded(Case c) {
+  auto work = [&] { return c.T * c.B * 4 * c.H * (c.I + c.H); };
+  while (work() > 30'000'000 && c.T > 2) c.T = std::max<int64_t>(2, c.T / 4);
+  while (work() > 30'000'000 && c.B > 1) c.B = std::max<int64_t>(1, c.B / 2);
+  return c;
+}
+
+std::vector<Case> sweep_cases() {
+  std::vector<Case> cases;
+  int n = 0;
+  for (const int64_t H : kHidden) {
+    for (int k = 0; k < 2; ++k, ++n) {
+      Case c;
+      c.H = H;
+      c.B = kBatch[static_cast<std::size_t>(n * 5 + k) % kBatch.size()];
+      c.T = kSteps[static_cast<std::size_t>(n) % kSteps.size()];
+      const int64_t widths[3] = {1, H, H / 2 + 3};
+      c.I = widths[n % 3];
+      c.state = n % 2 == 0, c.bias = n % 4 != 1, c.reverse = (n / 2) % 2 == 1, c.final_grads = n % 3 != 2;
+      for (const DType d : kDtypes) {
+        c.dtype = d;
+        cases.push_back(bounded(c));
+      }
+    }
+  }
+  for (const int64_t H : {33, 64}) {  // every batch at two sizes
+    for (const int64_t B : kBatch) {
+      for (const DType d : kDtypes) {
+        Case c{3, B, 17, H, d, B % 2 == 1, true, B % 4 == 0, B % 3 != 0};
+        cases.push_back(bounded(c));
+      }
+    }
+  }
+  return cases;
+}
+
+// Every variant in `variants` that supports a case against the case's reference (computed once);
+// ran[i] counts the cases variant i ran.
+void check_cases(std::span<const Variant* const> variants, const std::vector<Case>& cases, std::vector<int>& ran) {
+  ran.assign(variants.size(), 0);
+  for (const Case& c : cases) {
+    bool any = false;
+    for (const Variant* v : variants) any = any || v->supports(c.shape());
+    if (!any) continue;
+    Problem p(c);
+    p.reference();
+    const double tol = kFamily.tolerance(std::string(dtype_name(c.dtype)));
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      const Variant& v = *variants[i];
+      if (!v.supports(c.shape())) continue;
+      for (Output* o : p.outputs()) o->dev.poison();
+      const std::string failed = p.run(v);
+      ASSERT_TRUE(failed.empty()) << v.name << " " << c.name() << ": " << failed;
+      for (Output* o : p.outputs())
+        EXPECT_LE(error_of(*o, c.dtype), tol) << v.name << " " << c.name() << ": " << o->name;
+      ++ran[i];
+    }
+  }
+}
+
+std::vector<const Variant*> all_variants() {
+  std::vector<const Variant*> out;
+  for (const Variant& v : variants()) out.push_back(&v);
+  return out;
+}
+
+TEST(LstmKernels, EveryVariantMatchesTheReferenceOverTheSweep) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const std::vector<Case> cases = sweep_cases();
+  const std::vector<const Variant*> all = all_variants();
+  std::vector<int> ran;
+  check_cases(all, cases, ran);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    std::printf("[ LSTM     ] %s: %d of %zu cases supported and checked\n", std::string(all[i]->name).c_str(), ran[i],
+                cases.size());
+    EXPECT_GT(ran[i], 0) << all[i]->name;
+  }
+}
+
+// The largest hidden size the persistent variant claims at batch 1 (scanned up to 8192).
+int64_t persistent_limit(DType dtype) {
+  const Variant* v = find("persistent");
+  Case c{2, 1, 8, 1, dtype, false, false, false, false};
+  int64_t largest = 0;
+  for (int64_t H = 1; H <= 8192; ++H) {
+    c.H = H;
+    if (v->supports(c.shape())) largest = H;
+  }
+  return largest;
+}
+
+TEST(LstmKernels, PersistentRunsAtItsLimitAndRefusesPastIt) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const Variant* v = find("persistent");
+  ASSERT_NE(v, nullptr);
+  for (const DType d : kDtypes) {
+    const int64_t limit = persistent_limit(d);
+    std::printf("[ LSTM     ] persistent %s: largest hidden size at batch 1: %lld\n", std::string(dtype_name(d)).c_str(),
+                static_cast<long long>(limit));
+    ASSERT_GT(limit, 0);
+    ASSERT_LT(limit, 8192) << "no limit found below 8192";
+    Case c{2, 1, 7, limit, d, true, true, false, true};
+    EXPECT_FALSE(v->supports(Case{2, 1, 7, limit + 1, d, true, true, false, true}.shape()));
+    EXPECT_TRUE(v->supports(c.shape()));
+    std::vector<int> ran;
+    const std::vector<const Variant*> one = {v};
+    check_cases(one, {c, Case{3, 1, 1, limit, d, false, false, true, false}}, ran);
+    EXPECT_EQ(ran[0], 2);
+  }
+  // The seed's size (985 -> 985, batch 4) is the point of the variant: it must take it on an H100 or H200.
+  if (current_device_info().cc_major >= 9 && current_device_info().sm_count >= 114) {
+    EXPECT_TRUE(v->supports(Case{1000, 4, 985, 985, DType::kFloat32, false, true, false, false}.shape()));
+    EXPECT_TRUE(v->supports(Case{1000, 4, 985, 985, DType::kBFloat16, false, true, false, false}.shape()));
+  }
+}
+
+TEST(LstmKernels, EveryVariantRefusesWhatItCannotRun) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  for (const Variant& v : variants()) {
+    for (Case c : {Case{0, 2, 3, 4, DType::kFloat32, false, false, false, false},
+                   Case{2, 0, 3, 4, DType::kFloat32, false, false, false, false},
+                   Case{2, 2, 0, 4, DType::kFloat32, false, false, false, false},
+                   Case{2, 2, 3, 0, DType::kFloat32, false, false, false, false},
+                   Case{2, 2, int64_t{1} << 21, 4, DType::kBFloat16, false, false, false, false}})
+      EXPECT_FALSE(v.supports(c.shape())) << v.name << " " << c.name();
+  }
+  // Past what a block's shared memory holds of its batch state: the persistent variant refuses,
+  // the step loop takes it.
+  const Case huge_batch{2, 1 << 14, 4, 1024, DType::kFloat32, false, false, false, false};
+  EXPECT_FALSE(find("persistent")->supports(huge_batch.shape()));
+  EXPECT_TRUE(find("steps")->supports(huge_batch.shape()));
+}
+
+TEST(LstmKernels, PersistentIsBitIdenticalRunToRun) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const Variant* v = find("persistent");
+  for (const DType d : kDtypes) {
+    for (const Case& c : {Case{16, 5, 33, 257, d, true, true, false, true}, Case{7, 64, 64, 128, d, false, true, true, true},
+                          Case{5, 3, 100, 985, d, true, false, false, false}}) {
+      if (!v->supports(c.shape())) continue;
+      Problem p(c);
+      ASSERT_EQ(p.run(*v), "") << c.name();
+      std::vector<std::vector<unsigned char>> first;
+      for (Output* o : p.outputs()) first.push_back(o->dev.bytes_back());
+      for (Output* o : p.outputs()) o->dev.poison();
+      ASSERT_EQ(p.run(*v), "") << c.name();
+      const auto outs = p.outputs();
+      for (std::size_t i = 0; i < outs.size(); ++i)
+        EXPECT_TRUE(outs[i]->dev.bytes_back() == first[i]) << c.name() << ": " << outs[i]->name << " differs";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hfnn::kernels::lstm
+#endif
