@@ -1,5 +1,5 @@
 // The persistent LSTM variant: the input projection as one GEMM up front, then ONE cooperative
-// launch for the whole recurrence (every block resident, one grid barrier a step).
+// launch for the whole recurrence (every block resident, one exchange of readiness flags a step).
 //
 // Forward. Block b owns hidden units [b*u, b*u + u) and keeps the rows of W_hh for their four
 // gates (4u x H, in the dtype) in shared memory for the whole sequence. A step stages h_{t-1}
@@ -17,6 +17,20 @@
 // W_hh[r, unit] dG_t[b, r] (all of dG_t, read from L2). After the loop dh0 = dh_rec, dc0 = dc; dW
 // and dx are GEMMs over all steps (lstm_common.cu).
 //
+// Between steps the blocks exchange readiness through flags of their own instead of a grid barrier
+// (cooperative_groups' grid.sync: one atomic counter for all blocks plus two __syncthreads; 247
+// arrivals at one address serialise in L2). Block b, once every thread of it has written its units
+// of the step (__syncthreads), publishes the count of steps it finished in its flag with
+// st.release.gpu (thread 0; the release is cumulative over the block's writes ordered before it by
+// the barrier, the pattern of CUTLASS's semaphore and of grid.sync itself); a block about to read the others' values polls all
+// flags with one warp (ld.relaxed.gpu, all of a lane's flags in flight at once), then
+// fence.acq_rel.gpu (the PTX memory model's acquire pattern: a relaxed read that observes a release,
+// then a fence) and __syncthreads. Each flag has its own 128-byte line. A launch takes the next of
+// a few sets of flags and zeroes its blocks' flags on the stream before it (launch_flags()). Every
+// block is resident (the cooperative launch checks it), so the spinning cannot starve a block it
+// waits on. One grid.sync() remains, at the start of the forward. A grid of one block (small
+// steps, plan()) needs neither: __syncthreads orders its own writes.
+//
 // The block's products: warps take tiles of 4 weight rows x kBt batch rows (kBt 1, 2 or 4 as the
 // batch allows) and, where tiles are fewer than warps, a split of the row length; each lane sums
 // every 32nd group of 4 elements, the warp reduces its tile's values in one exchange (16 values
@@ -25,6 +39,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <optional>
 
 #include "kernels/lstm/lstm_common.cuh"
@@ -40,6 +55,21 @@ constexpr int kRt = 4;        // weight rows a warp's tile covers
 constexpr int kMaxParts = 8;  // splits of the row length, where tiles are fewer than warps
 // Batch rows staged at once: about this many bytes of h (or dG) rows, at least 4 rows.
 constexpr int64_t kStageBytes = 32 * 1024;
+// Elements a thread loads before it stores any of them when staging: a stage costs about
+// ceil(rows * kp / (kThreads * kStageBatch)) L2 round trips. (The loop before stored each element
+// before loading the next, one round trip per element a thread: 16 a step at H = 985, B = 4, and
+// 8 chunks x 62 = 496 a step in the backward at B = 32, where it took 90 us a step.)
+constexpr int kStageBatch = 16;
+
+// Readiness flags: sets of kMaxGrid flags, one 128-byte line each (16 x 64 bits). A launch takes
+// the next set in turn and zeroes it on its stream first; two persistent launches RUNNING AT THE
+// SAME TIME on one device (different streams) collide only if kFlagSets - 1 other launches were
+// issued between them.
+constexpr int kMaxGrid = 2048;
+constexpr int kFlagStride = 16;
+constexpr int kFlagSets = 8;
+constexpr int kMaxDevices = 64;
+__device__ unsigned long long g_step_flags[kFlagSets][kMaxGrid * kFlagStride];  // zero at load
 
 // What a launch's blocks need to know of their work, and where shared memory holds what.
 struct Geometry {
@@ -172,12 +202,73 @@ __device__ __forceinline__ void block_products(const T* __restrict__ w, int rows
 }
 
 // Stages rows [b0, b0 + nb) of `src` ([*, len] float, written by other blocks in this launch: read
-// from L2) into v [nb, kp], zero past len.
+// from L2) into v [nb, kp], zero past len. Each thread issues kStageBatch loads before its first
+// store, so they are in flight together.
 __device__ __forceinline__ void stage(float* __restrict__ v, const float* src, int b0, int nb, int len, int kp) {
-  for (int idx = threadIdx.x; idx < nb * kp; idx += kThreads) {
-    const int bb = idx / kp, k = idx - bb * kp;
-    v[idx] = k < len ? __ldcg(src + static_cast<int64_t>(b0 + bb) * len + k) : 0.0f;
+  const int n = nb * kp;
+  const float* base = src + static_cast<int64_t>(b0) * len;
+  for (int i0 = 0; i0 < n; i0 += kThreads * kStageBatch) {
+    float x[kStageBatch];
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
+      const int bb = idx / kp, k = idx - bb * kp;
+      x[j] = idx < n && k < len ? __ldcg(base + static_cast<int64_t>(bb) * len + k) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
+      if (idx < n) v[idx] = x[j];
+    }
   }
+}
+
+// The readiness protocol (header comment): the launch's set of flags, zero at its start; a block's
+// flag holds the count of steps it finished.
+struct Flags {
+  unsigned long long* set;
+};
+
+// Called by every thread once all of them wrote their part of the step.
+__device__ __forceinline__ void publish(const Flags& f, unsigned long long done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* flag = f.set + static_cast<int64_t>(blockIdx.x) * kFlagStride;
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(flag), "l"(done) : "memory");
+  }
+}
+
+__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Returns once every block of the grid published at least `done`; what those blocks wrote before
+// publishing is then visible to every thread of this one.
+__device__ __forceinline__ void wait_all(const Flags& f, unsigned long long done) {
+  if (threadIdx.x < 32) {
+    const unsigned long long target = done;
+    const int grid = static_cast<int>(gridDim.x), lane = static_cast<int>(threadIdx.x);
+    constexpr int kPerRound = 8;  // flags a lane loads before comparing any
+    for (int b0 = lane; b0 < grid; b0 += 32 * kPerRound) {
+      for (;;) {
+        unsigned long long seen[kPerRound];
+#pragma unroll
+        for (int j = 0; j < kPerRound; ++j) {
+          const int b = b0 + 32 * j;
+          seen[j] = b < grid ? load_relaxed(f.set + static_cast<int64_t>(b) * kFlagStride) : target;
+        }
+        bool ready = true;
+#pragma unroll
+        for (int j = 0; j < kPerRound; ++j) ready = ready && seen[j] >= target;
+        if (ready) break;
+      }
+    }
+    __syncwarp();
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  }
+  __syncthreads();
 }
 
 template <typename T>
@@ -190,6 +281,7 @@ struct FwdArgs {
   T *y, *h_n, *c_n;
   float *gates, *cs, *hs;
   T* hd;  // null for float32 (hs is the dtype's history)
+  Flags flags;
 };
 
 template <typename T, int kBt>
@@ -225,13 +317,33 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
     a.hs[first * BH + e] = load_or_zero(a.h0, e);
     if (a.hd) a.hd[first * BH + e] = a.h0 ? a.h0[e] : from_float<T>(0.0f);
   }
-  grid.sync();
+  // A grid of one block has its own h in L2 after a __syncthreads: no flags.
+  const bool lone = gridDim.x == 1;
+  // Where every (batch row, unit) of the block is one thread's (one batch chunk, B u <= threads),
+  // the thread loads its step's projection before waiting for the other blocks: the load's L2 round
+  // trip overlaps the wait instead of following the products.
+  const bool own_one = bs >= B && B * u <= kThreads;
+  const int my_b = tid / u, my_j = tid - my_b * u;
+  const bool mine = own_one && tid < B * u && unit0 + my_j < H;
+  if (lone)
+    __syncthreads();
+  else
+    grid.sync();
 
   for (int64_t s = 0; s < a.steps; ++s) {
     const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
     const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
+    float proj[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (mine) {
+      const float* g = a.gates + (t * B + my_b) * G + unit0 + my_j;
+#pragma unroll
+      for (int gate = 0; gate < 4; ++gate) proj[gate] = g[gate * H];
+    }
+    if (s > 0 && !lone) wait_all(a.flags, static_cast<unsigned long long>(s));  // every block's h_{t-1}
     for (int b0 = 0; b0 < B; b0 += bs) {
       const int nb = min(bs, B - b0);
+      // (v and acc of the chunk before: their last readers finished before the barrier after the
+      // products of that chunk, resp. before the one after this stage.)
       stage(v, h_prev, b0, nb, H, kp);
       __syncthreads();
       block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
@@ -245,7 +357,7 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
         for (int gate = 0; gate < 4; ++gate) {
           float sum = 0.0f;
           for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + j) * bs + bb];
-          pre[gate] = sum + g[gate * H] + bias[gate * u + j];
+          pre[gate] = sum + (own_one ? proj[gate] : g[gate * H]) + bias[gate * u + j];
         }
         const int si = b * u + j;
         const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
@@ -266,9 +378,13 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
           for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
         }
       }
-      __syncthreads();
     }
-    if (s + 1 < a.steps) grid.sync();
+    if (s + 1 < a.steps) {
+      if (lone)
+        __syncthreads();  // h_t written before the next stage reads it
+      else
+        publish(a.flags, static_cast<unsigned long long>(s + 1));
+    }
   }
 }
 
@@ -283,11 +399,11 @@ struct BwdArgs {
   float* dg;
   T* dg16;  // null for float32 (dg is the dtype's)
   T *dh0, *dc0;
+  Flags flags;
 };
 
 template <typename T, int kBt>
 __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<T> a) {
-  cg::grid_group grid = cg::this_grid();
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
   const int u = geo.units, kp = geo.kp, bs = geo.bs, parts = geo.parts;
@@ -314,6 +430,26 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
   }
   __syncthreads();
 
+  const bool lone = gridDim.x == 1;
+  // Where every (batch row, unit) of the block is one thread's, the thread loads the cell's inputs
+  // of its next step (saved gates, c_t, c_{t-1}, dy_t) right after publishing this step's dG: their
+  // L2 round trip overlaps the wait and the products instead of starting the next step.
+  const bool own_one = B * u <= kThreads;
+  const int my_b = tid / u, my_j = tid - my_b * u;
+  const bool mine = own_one && tid < B * u && unit0 + my_j < H;
+  float in_g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, in_c = 0.0f, in_cp = 0.0f, in_dy = 0.0f;
+  auto load_cell = [&](int64_t s) {
+    const int64_t t = time_of(s, a.steps, a.reverse), t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
+    const int64_t e = static_cast<int64_t>(my_b) * H + unit0 + my_j;
+    const float* g = a.gates + (t * B + my_b) * G + unit0 + my_j;
+#pragma unroll
+    for (int gate = 0; gate < 4; ++gate) in_g[gate] = g[gate * H];
+    in_c = a.cs[t * BH + e];
+    in_cp = t_prev >= 0 ? a.cs[t_prev * BH + e] : load_or_zero(a.c0, e);
+    in_dy = load_or_zero(a.dy, t * BH + e);
+  };
+  if (mine) load_cell(a.steps - 1);
+
   for (int64_t s = a.steps - 1; s >= 0; --s) {
     const int64_t t = time_of(s, a.steps, a.reverse);
     const int64_t t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
@@ -321,10 +457,15 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
       const int b = idx / u, unit = unit0 + idx - b * u;
       if (unit >= H) continue;
       const int64_t e = static_cast<int64_t>(b) * H + unit, row = (t * B + b) * G + unit;
-      const float* g = a.gates + row;
-      const float c_prev = t_prev >= 0 ? a.cs[t_prev * BH + e] : load_or_zero(a.c0, e);
-      const float dh = dh_rec[idx] + load_or_zero(a.dy, t * BH + e);
-      const CellGrad d = cell_backward(g[0], g[H], g[2 * H], g[3 * H], a.cs[t * BH + e], c_prev, dh, dc[idx]);
+      CellGrad d;
+      if (own_one) {
+        d = cell_backward(in_g[0], in_g[1], in_g[2], in_g[3], in_c, in_cp, dh_rec[idx] + in_dy, dc[idx]);
+      } else {
+        const float* g = a.gates + row;
+        const float c_prev = t_prev >= 0 ? a.cs[t_prev * BH + e] : load_or_zero(a.c0, e);
+        const float dh = dh_rec[idx] + load_or_zero(a.dy, t * BH + e);
+        d = cell_backward(g[0], g[H], g[2 * H], g[3 * H], a.cs[t * BH + e], c_prev, dh, dc[idx]);
+      }
       dc[idx] = d.dc_prev;
       float* out = a.dg + row;
       out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
@@ -344,7 +485,13 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
         if (a.dy) prefetch_l2(a.dy + t_prev * BH + e);
       }
     }
-    grid.sync();
+    const auto done = static_cast<unsigned long long>(a.steps - s);
+    if (lone)
+      __syncthreads();  // dG_t written before the stage reads it
+    else
+      publish(a.flags, done);
+    if (mine && s > 0) load_cell(s - 1);
+    if (!lone) wait_all(a.flags, done);  // every block's units of dG_t
     const float* dg_t = a.dg + t * B * G;
     for (int b0 = 0; b0 < B; b0 += bs) {
       const int nb = min(bs, B - b0);
@@ -359,8 +506,8 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
         dh_rec[(b0 + bb) * u + j] = sum;
         if (s == 0 && unit < H) a.dh0[static_cast<int64_t>(b0 + bb) * H + unit] = from_float<T>(sum);
       }
-      __syncthreads();
     }
+    __syncthreads();  // dh_rec written before the next step's cell reads it
   }
 }
 
@@ -382,12 +529,21 @@ const void* kernel_of(bool backward, DType dtype, int kbt) {
   });
 }
 
-// The launch for a shape: the fewest units a block (the most blocks, so the most SMs busy) such
-// that every block of the grid is resident; nullopt where none is (the slice does not fit shared
-// memory, or not enough blocks fit the device). Depends on neither T nor the pointers; the answers
-// of the last few shapes are kept (supports() runs on every call of the op).
+// A whole step in one block where it is at most this many multiply-adds (4H x H x B; 256 a thread):
+// no flags and no cross-block round trips, and about 0.5 us of products. An estimate from the
+// instruction counts, not a measurement: tune it on the device.
+constexpr int64_t kLoneWork = 64 * 1024;
+
+// The launch for a shape, the first of these that fits shared memory with every block resident:
+// one block (small steps: kLoneWork); one block an SM (the fewest units that keep the grid within
+// the SM count: fewer flags to poll, and 2 blocks an SM add nothing to the products an SM does);
+// the fewest units a block such that the grid is resident (several blocks an SM, as before: this
+// keeps every shape the variant took). nullopt where none fits. Depends on neither T nor the
+// pointers; the answers of the last few shapes are kept (supports() runs on every call of the op).
 std::optional<Geometry> plan(bool backward, const Shape& s) {
-  if (!valid_shape(s) || s.device.device < 0 || s.device.cc_major < 6 || s.device.sm_count < 1) return std::nullopt;
+  if (!valid_shape(s) || s.device.device < 0 || s.device.device >= kMaxDevices || s.device.cc_major < 7 ||
+      s.device.sm_count < 1)
+    return std::nullopt;
   struct Entry {
     bool backward;
     int64_t batch, hidden;
@@ -406,24 +562,47 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   const int kbt = tile_batch(s.batch);
   const void* kernel = kernel_of(backward, s.dtype, kbt);
   const int64_t H = s.hidden;
+  // -1: the slice does not fit shared memory (nor does any with more units); 0: not resident.
+  auto attempt = [&](int64_t units, Geometry& out) {
+    const int64_t grid = (H + units - 1) / units;
+    Geometry g = geometry(backward, s, units, kbt);
+    if (g.smem > s.device.smem_per_block_optin) return -1;
+    if (grid > kMaxGrid || grid > resident_clusters(kernel, kThreads, 1, static_cast<std::size_t>(g.smem), 1, s.device))
+      return 0;
+    g.grid = static_cast<int>(grid);
+    out = g;
+    return 1;
+  };
+  std::optional<Geometry> found;
+  Geometry g;
+  if (H <= kLoneWork && s.batch <= kLoneWork && 4 * H * H * s.batch <= kLoneWork && attempt(H, g) == 1) found = g;
+  if (!found && attempt((H + s.device.sm_count - 1) / s.device.sm_count, g) == 1) found = g;
   // At most 2048 threads an SM: a lower bound on the units a block needs.
   const int64_t most_blocks = static_cast<int64_t>(s.device.sm_count) * (2048 / kThreads);
-  std::optional<Geometry> found;
   const int64_t fewest = std::max<int64_t>(1, (H + most_blocks - 1) / most_blocks);
-  for (int64_t units = fewest; units <= H; ++units) {
+  for (int64_t units = fewest; !found && units <= H; ++units) {
     const int64_t grid = (H + units - 1) / units;
     if (units > fewest && (H + units - 2) / (units - 1) == grid) continue;  // that grid with less shared memory was refused
-    Geometry g = geometry(backward, s, units, kbt);
-    if (g.smem > s.device.smem_per_block_optin) break;  // more units only need more
-    if (grid <= resident_clusters(kernel, kThreads, 1, static_cast<std::size_t>(g.smem), 1, s.device)) {
-      g.grid = static_cast<int>(grid);
-      found = g;
-      break;
-    }
+    const int r = attempt(units, g);
+    if (r < 0) break;  // more units only need more
+    if (r > 0) found = g;
   }
   recent[next++ % recent.size()] = {backward, s.batch, s.hidden, s.dtype, s.device.device, found};
   any = true;
   return found;
+}
+
+// The flags of a launch of `grid` blocks on the current device: the next set in turn, zeroed on the
+// stream before the launch (a memset node in a captured graph, so every replay starts from zero;
+// a per-launch count instead would leave a replay the values of the one before).
+cudaError_t launch_flags(int grid, cudaStream_t stream, Flags& out) {
+  static std::atomic<unsigned> turn{0};
+  const unsigned set = turn.fetch_add(1, std::memory_order_relaxed) % kFlagSets;
+  unsigned long long* flags = nullptr;
+  if (const cudaError_t e = cudaGetSymbolAddress(reinterpret_cast<void**>(&flags), g_step_flags); e != cudaSuccess)
+    return e;
+  out.set = flags + static_cast<std::size_t>(set) * kMaxGrid * kFlagStride;
+  return cudaMemsetAsync(out.set, 0, static_cast<std::size_t>(grid) * kFlagStride * sizeof(unsigned long long), stream);
 }
 
 // A cooperative launch (every block resident, grid.sync() valid) through cudaLaunchKernelEx, which
@@ -462,6 +641,7 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     a.b_hh = static_cast<const T*>(p.b_hh), a.h0 = static_cast<const T*>(p.h0), a.c0 = static_cast<const T*>(p.c0);
     a.y = static_cast<T*>(p.y), a.h_n = static_cast<T*>(p.h_n), a.c_n = static_cast<T*>(p.c_n);
     a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs, a.hd = s.dtype == DType::kFloat32 ? nullptr : ws.hd;
+    if (const cudaError_t e = launch_flags(geo->grid, stream, a.flags); e != cudaSuccess) return e;
     return with_tile_batch(tile_batch(s.batch),
                            [&]<int kBt>() { return launch_cooperative(persistent_fwd_kernel<T, kBt>, *geo, stream, a); });
   });
@@ -481,6 +661,7 @@ cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream) {
     a.dh_n = static_cast<const T*>(p.dh_n), a.dc_n = static_cast<const T*>(p.dc_n), a.c0 = static_cast<const T*>(p.c0);
     a.gates = ws.gates, a.cs = ws.cs, a.dg = sc.dg, a.dg16 = s.dtype == DType::kFloat32 ? nullptr : sc.dg16;
     a.dh0 = static_cast<T*>(p.dh0), a.dc0 = static_cast<T*>(p.dc0);
+    if (const cudaError_t e = launch_flags(geo->grid, stream, a.flags); e != cudaSuccess) return e;
     return with_tile_batch(tile_batch(s.batch),
                            [&]<int kBt>() { return launch_cooperative(persistent_bwd_kernel<T, kBt>, *geo, stream, a); });
   });

@@ -394,6 +394,71 @@ TEST(LstmKernels, PersistentIsBitIdenticalRunToRun) {
   }
 }
 
+// The launch geometries plan() picks (lstm_persistent.cu): one block (a small step), one block an
+// SM (H a multiple of the SM count: one unit a block, exactly as many blocks as SMs; and one past
+// it), several blocks an SM (the largest size, in PersistentRunsAtItsLimitAndRefusesPastIt), with
+// one thread a (batch row, unit) and with several, in one batch chunk and in several.
+TEST(LstmKernels, PersistentCoversItsGeometries) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const Variant* v = find("persistent");
+  const int64_t sms = current_device_info().sm_count;
+  std::vector<Case> cases;
+  for (const DType d : kDtypes) {
+    cases.push_back({5, 1, 9, 64, d, true, true, false, true});           // one block, one thread a unit
+    cases.push_back({3, 64, 5, 16, d, false, true, true, true});          // one block, several a thread
+    cases.push_back({4, 3, 7, sms, d, true, false, false, true});         // one unit a block, grid = SMs
+    cases.push_back({3, 2, 8, 2 * sms + 1, d, false, true, true, false});  // grid <= SMs, a ragged last block
+    cases.push_back({2, 96, 8, 300, d, true, true, false, true});         // several batch chunks
+  }
+  std::vector<int> ran;
+  const std::vector<const Variant*> one = {v};
+  check_cases(one, cases, ran);
+  EXPECT_EQ(ran[0], static_cast<int>(cases.size()));
+}
+
+// Not a check: microseconds a step of the persistent variant's forward and backward (each with its
+// GEMMs, as the op runs them; the best of 5 runs) at the shapes of issue 12's table. On the device:
+//   hfnn_kernel_tests --gtest_also_run_disabled_tests --gtest_filter='LstmKernels.DISABLED_PersistentTiming*'
+TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const Variant* v = find("persistent");
+  struct Timed {
+    int64_t T, B, H;
+  };
+  const Timed shapes[] = {{1000, 1, 8},   {1000, 4, 32},  {1000, 4, 128}, {1000, 32, 128}, {1000, 32, 256},
+                          {1000, 4, 512}, {256, 32, 512}, {1000, 1, 985}, {1000, 4, 985},  {1000, 32, 985}};
+  cudaEvent_t ev[3];
+  for (cudaEvent_t& e : ev) cudaEventCreate(&e);
+  for (const DType d : {DType::kFloat32, DType::kBFloat16}) {
+    for (const Timed& k : shapes) {
+      const Case c{k.T, k.B, k.H, k.H, d, false, true, false, false};
+      if (!v->supports(c.shape())) {
+        std::printf("[ LSTM     ] %s: not supported\n", c.name().c_str());
+        continue;
+      }
+      Problem p(c);
+      ASSERT_EQ(p.run(*v), "") << c.name();
+      float best_fwd = 1e30f, best_bwd = 1e30f;
+      for (int rep = 0; rep < 5; ++rep) {
+        cudaEventRecord(ev[0]);
+        ASSERT_EQ(v->forward(p.fwd(false), nullptr), cudaSuccess);
+        cudaEventRecord(ev[1]);
+        ASSERT_EQ(v->backward(p.bwd(false), nullptr), cudaSuccess);
+        cudaEventRecord(ev[2]);
+        ASSERT_EQ(cudaEventSynchronize(ev[2]), cudaSuccess);
+        float f = 0.0f, b = 0.0f;
+        cudaEventElapsedTime(&f, ev[0], ev[1]);
+        cudaEventElapsedTime(&b, ev[1], ev[2]);
+        best_fwd = std::min(best_fwd, f), best_bwd = std::min(best_bwd, b);
+      }
+      std::printf("[ LSTM     ] persistent %s: fwd %.2f us/step, bwd %.2f us/step, fwd+bwd %.3f ms\n", c.name().c_str(),
+                  1e3 * best_fwd / static_cast<double>(k.T), 1e3 * best_bwd / static_cast<double>(k.T),
+                  static_cast<double>(best_fwd + best_bwd));
+    }
+  }
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+}
+
 }  // namespace
 }  // namespace hfnn::kernels::lstm
 #endif
