@@ -1,53 +1,60 @@
 // The persistent LSTM variant: the input projection as one GEMM up front, then ONE cooperative
-// launch for the whole recurrence (every block resident, one exchange of readiness flags a step).
+// launch for the whole recurrence (every block resident; blocks wait on each other's values, not on
+// a barrier or flags).
 //
 // Forward. Block b owns hidden units [b*u, b*u + u) and keeps the rows of W_hh for their four
 // gates (4u x H, in the dtype) in shared memory for the whole sequence. A step stages h_{t-1}
 // (float32, from the history hs, which every block wrote its units of at the step before) in
 // batch chunks in shared memory, computes the 4u x B dot products of length H (float32 sums in a
 // fixed order: no atomics), adds the projection and the biases, applies the gates and updates c
-// (float32, in shared memory), writes y, h_t into the history's next slot, the gates and c_t.
-// Since every step writes a slot of its own, nothing a step reads is overwritten in it: one
-// barrier a step suffices.
+// (float32, in shared memory), writes h_t into the history's next slot (first: the other blocks
+// wait for it), then y, the gates and c_t.
 //
 // Backward. Block b owns the same kind of unit slice and keeps W_hh's COLUMNS for it (all 4H rows,
 // stored transposed: u x 4H). A step computes, for its units, dh = dy_t + dh_rec and the gate
 // gradients from the saved gates and c, writes them (dG_t, every block its units' columns), updates
-// dc, crosses the barrier, and then computes dh_rec for its units = sum over the 4H rows r of
-// W_hh[r, unit] dG_t[b, r] (all of dG_t, read from L2). After the loop dh0 = dh_rec, dc0 = dc; dW
+// dc, and then computes dh_rec for its units = sum over the 4H rows r of W_hh[r, unit] dG_t[b, r]
+// (all of dG_t, read from L2 as the other blocks' values arrive). After the loop dh0 = dh_rec, dc0 = dc; dW
 // and dx are GEMMs over all steps (lstm_common.cu).
 //
-// Between steps the blocks exchange readiness through flags of their own instead of a grid barrier
-// (cooperative_groups' grid.sync: one atomic counter for all blocks plus two __syncthreads; 247
-// arrivals at one address serialise in L2). Block b, once every thread of it has written its units
-// of the step (__syncthreads), publishes the count of steps it finished in its flag with
-// st.release.gpu (thread 0; the release is cumulative over the block's writes ordered before it by
-// the barrier, the pattern of CUTLASS's semaphore and of grid.sync itself); a block about to read the others' values polls all
-// flags with one warp (ld.relaxed.gpu, all of a lane's flags in flight at once), then
-// fence.acq_rel.gpu (the PTX memory model's acquire pattern: a relaxed read that observes a release,
-// then a fence) and __syncthreads. Each flag has its own 128-byte line. A launch takes the next of
-// a few sets of flags and zeroes its blocks' flags on the stream before it (launch_flags()). Every
-// block is resident (the cooperative launch checks it), so the spinning cannot starve a block it
-// waits on. One grid.sync() remains, at the start of the forward. A grid of one block (small
-// steps, plan()) needs neither: __syncthreads orders its own writes.
+// Between steps the data carries its own readiness: no flags, no fences, no grid barrier. Before a
+// launch the exchanged array (the forward's float32 history hs, the backward's float32 dG) is set
+// to an empty mark, the bits 0xffffffff (a NaN; cudaMemsetAsync with 0xff, a memset node in a
+// captured graph, so every replay starts empty, and the memset happens before the kernel in stream
+// order, so no value of an earlier launch can be read: a per-launch epoch tag instead would need
+// 8-byte words, a second copy of the history beside the one the backward's GEMMs read, and workspace
+// the layout does not have). A producer writes each value ONCE with one st.relaxed.gpu.b32 (a value
+// whose bits are the mark is written as the canonical NaN 0x7fffffff instead: the mark never
+// appears as data, so NaN inputs cannot hang a consumer); a consumer loads the values it needs with
+// ld.relaxed.gpu.b32, all of a thread's loads in flight at once, and re-loads only those still
+// empty (at once the first time, then after __nanosleep(32)). PTX ISA, Memory Consistency Model:
+// both accesses are strong, at gpu scope, to the same aligned 4 bytes, so they are morally strong
+// ("Morally strong operations"): their race is defined and the load returns one of the values
+// written, never a mix ("Axioms", Coherence and Atomicity: an aligned access no wider than the
+// access size of the instruction is single-copy atomic); by coherence it cannot return a value the
+// memset overwrote. Nothing but the value itself is communicated, so no release/acquire pattern is
+// needed: a ready step costs one L2 round trip (before: store, release, poll flags, fence, load).
+// Every step writes slots of its own (hs [T+1, B, H], dG [T, B, 4H]), so nothing a slow consumer
+// has still to read is overwritten. Every block is resident (a cooperative launch checks it), so a
+// consumer spinning on a value never waits for a block that is not running, and no block can run
+// more than a step ahead of the slowest (it needs that block's values of the step before).
+//
+// A grid of one block whose batch fits one stage (small steps, plan()) keeps the whole recurrence
+// on chip: the forward writes h_t straight into the staging buffer its next products read, the
+// backward dG_t; the global stores (history, gates, c, y) are not read back in the launch.
 //
 // The block's products: warps take tiles of 4 weight rows x kBt batch rows (kBt 1, 2 or 4 as the
 // batch allows) and, where tiles are fewer than warps, a split of the row length; each lane sums
 // every 32nd group of 4 elements, the warp reduces its tile's values in one exchange (16 values
 // in 16 shuffles rather than 80), and the splits add in order.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <optional>
 
 #include "kernels/lstm/lstm_common.cuh"
 
 namespace hfnn::kernels::lstm::detail {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -61,15 +68,9 @@ constexpr int64_t kStageBytes = 32 * 1024;
 // 8 chunks x 62 = 496 a step in the backward at B = 32, where it took 90 us a step.)
 constexpr int kStageBatch = 16;
 
-// Readiness flags: sets of kMaxGrid flags, one 128-byte line each (16 x 64 bits). A launch takes
-// the next set in turn and zeroes it on its stream first; two persistent launches RUNNING AT THE
-// SAME TIME on one device (different streams) collide only if kFlagSets - 1 other launches were
-// issued between them.
-constexpr int kMaxGrid = 2048;
-constexpr int kFlagStride = 16;
-constexpr int kFlagSets = 8;
-constexpr int kMaxDevices = 64;
-__device__ unsigned long long g_step_flags[kFlagSets][kMaxGrid * kFlagStride];  // zero at load
+// The exchanged arrays' empty mark (header comment): every byte 0xff, a NaN no step writes.
+constexpr unsigned kEmpty = 0xffffffffu;
+constexpr int kEmptyByte = 0xff;
 
 // What a launch's blocks need to know of their work, and where shared memory holds what.
 struct Geometry {
@@ -201,74 +202,58 @@ __device__ __forceinline__ void block_products(const T* __restrict__ w, int rows
   }
 }
 
-// Stages rows [b0, b0 + nb) of `src` ([*, len] float, written by other blocks in this launch: read
-// from L2) into v [nb, kp], zero past len. Each thread issues kStageBatch loads before its first
-// store, so they are in flight together.
+// A value another thread of the launch reads while the launch runs (header comment): one strong
+// 4-byte store, the empty mark replaced by the canonical NaN.
+__device__ __forceinline__ void store_exchange(float* p, float value) {
+  unsigned bits = __float_as_uint(value);
+  if (bits == kEmpty) bits = 0x7fffffffu;
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(bits) : "memory");
+}
+
+__device__ __forceinline__ unsigned load_exchange(const float* p) {
+  unsigned bits;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(bits) : "l"(p));
+  return bits;
+}
+
+// Stages rows [b0, b0 + nb) of `src` ([*, len] float, written by other threads of this launch with
+// store_exchange) into v [nb, kp], zero past len, once every value is there. Each thread issues
+// kStageBatch loads before it looks at any, then re-loads only the empty ones: one L2 round trip
+// where the values are ready.
 __device__ __forceinline__ void stage(float* __restrict__ v, const float* src, int b0, int nb, int len, int kp) {
   const int n = nb * kp;
   const float* base = src + static_cast<int64_t>(b0) * len;
   for (int i0 = 0; i0 < n; i0 += kThreads * kStageBatch) {
-    float x[kStageBatch];
-#pragma unroll
-    for (int j = 0; j < kStageBatch; ++j) {
+    unsigned x[kStageBatch];
+    auto at = [&](int j, const float*& p) {
       const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
       const int bb = idx / kp, k = idx - bb * kp;
-      x[j] = idx < n && k < len ? __ldcg(base + static_cast<int64_t>(bb) * len + k) : 0.0f;
+      p = base + static_cast<int64_t>(bb) * len + k;
+      return idx < n && k < len;
+    };
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const float* p;
+      x[j] = at(j, p) ? load_exchange(p) : 0u;
+    }
+    for (int round = 0;; ++round) {
+      bool empty = false;
+#pragma unroll
+      for (int j = 0; j < kStageBatch; ++j) empty = empty || x[j] == kEmpty;
+      if (!empty) break;
+      if (round > 0) __nanosleep(32);
+#pragma unroll
+      for (int j = 0; j < kStageBatch; ++j) {
+        const float* p;
+        if (at(j, p) && x[j] == kEmpty) x[j] = load_exchange(p);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kStageBatch; ++j) {
       const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
-      if (idx < n) v[idx] = x[j];
+      if (idx < n) v[idx] = __uint_as_float(x[j]);
     }
   }
-}
-
-// The readiness protocol (header comment): the launch's set of flags, zero at its start; a block's
-// flag holds the count of steps it finished.
-struct Flags {
-  unsigned long long* set;
-};
-
-// Called by every thread once all of them wrote their part of the step.
-__device__ __forceinline__ void publish(const Flags& f, unsigned long long done) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long* flag = f.set + static_cast<int64_t>(blockIdx.x) * kFlagStride;
-    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(flag), "l"(done) : "memory");
-  }
-}
-
-__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Returns once every block of the grid published at least `done`; what those blocks wrote before
-// publishing is then visible to every thread of this one.
-__device__ __forceinline__ void wait_all(const Flags& f, unsigned long long done) {
-  if (threadIdx.x < 32) {
-    const unsigned long long target = done;
-    const int grid = static_cast<int>(gridDim.x), lane = static_cast<int>(threadIdx.x);
-    constexpr int kPerRound = 8;  // flags a lane loads before comparing any
-    for (int b0 = lane; b0 < grid; b0 += 32 * kPerRound) {
-      for (;;) {
-        unsigned long long seen[kPerRound];
-#pragma unroll
-        for (int j = 0; j < kPerRound; ++j) {
-          const int b = b0 + 32 * j;
-          seen[j] = b < grid ? load_relaxed(f.set + static_cast<int64_t>(b) * kFlagStride) : target;
-        }
-        bool ready = true;
-#pragma unroll
-        for (int j = 0; j < kPerRound; ++j) ready = ready && seen[j] >= target;
-        if (ready) break;
-      }
-    }
-    __syncwarp();
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  }
-  __syncthreads();
 }
 
 template <typename T>
@@ -281,12 +266,13 @@ struct FwdArgs {
   T *y, *h_n, *c_n;
   float *gates, *cs, *hs;
   T* hd;  // null for float32 (hs is the dtype's history)
-  Flags flags;
 };
+
+// Whether a launch keeps its recurrence on chip (header comment): one block, one stage a step.
+__host__ __device__ inline bool on_chip(int grid, int bs, int64_t batch) { return grid == 1 && bs >= batch; }
 
 template <typename T, int kBt>
 __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<T> a) {
-  cg::grid_group grid = cg::this_grid();
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
   const int u = geo.units, rows = geo.rows, kp = geo.kp, bs = geo.bs, parts = geo.parts;
@@ -298,6 +284,7 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
   float* acc = reinterpret_cast<float*>(smem + geo.off_acc);
   float* c_state = reinterpret_cast<float*>(smem + geo.off_state);  // [B][u]
   float* bias = reinterpret_cast<float*>(smem + geo.off_bias);       // [4u]
+  const bool chip = on_chip(static_cast<int>(gridDim.x), bs, B);
 
   // Row r = gate * u + j of the slice is W_hh's row gate * H + unit0 + j (zeros past H).
   for (int idx = tid; idx < rows * kp; idx += kThreads) {
@@ -313,41 +300,48 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
     const int b = idx / u, unit = unit0 + idx - b * u;
     if (unit >= H) continue;
     const int64_t e = static_cast<int64_t>(b) * H + unit;
+    const float h0 = load_or_zero(a.h0, e);
     c_state[idx] = load_or_zero(a.c0, e);
-    a.hs[first * BH + e] = load_or_zero(a.h0, e);
+    if (chip)
+      a.hs[first * BH + e] = h0;
+    else
+      store_exchange(a.hs + first * BH + e, h0);  // the other blocks' first stage waits for it
     if (a.hd) a.hd[first * BH + e] = a.h0 ? a.h0[e] : from_float<T>(0.0f);
   }
-  // A grid of one block has its own h in L2 after a __syncthreads: no flags.
-  const bool lone = gridDim.x == 1;
+  if (chip)  // h0 into the staging buffer, zeros past H (never written again)
+    for (int idx = tid; idx < B * kp; idx += kThreads) {
+      const int b = idx / kp, k = idx - b * kp;
+      v[idx] = k < H ? load_or_zero(a.h0, static_cast<int64_t>(b) * H + k) : 0.0f;
+    }
   // Where every (batch row, unit) of the block is one thread's (one batch chunk, B u <= threads),
-  // the thread loads its step's projection before waiting for the other blocks: the load's L2 round
-  // trip overlaps the wait instead of following the products.
+  // the thread loads the projection of step s + 1 right after its gate phase of step s: the wait and
+  // the products of step s + 1 hide that load's round trip (the same thread overwrites those
+  // elements only in its gate phase of step s + 1, after reading them).
   const bool own_one = bs >= B && B * u <= kThreads;
   const int my_b = tid / u, my_j = tid - my_b * u;
   const bool mine = own_one && tid < B * u && unit0 + my_j < H;
-  if (lone)
-    __syncthreads();
-  else
-    grid.sync();
+  float proj[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto load_proj = [&](int64_t s, float (&out)[4]) {
+    const float* g = a.gates + (time_of(s, a.steps, a.reverse) * B + my_b) * G + unit0 + my_j;
+#pragma unroll
+    for (int gate = 0; gate < 4; ++gate) out[gate] = g[gate * H];
+  };
+  if (mine) load_proj(0, proj);
+  __syncthreads();  // the weights, biases (and on chip h0) in shared memory before the first products
 
   for (int64_t s = 0; s < a.steps; ++s) {
     const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
     const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
-    float proj[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (mine) {
-      const float* g = a.gates + (t * B + my_b) * G + unit0 + my_j;
-#pragma unroll
-      for (int gate = 0; gate < 4; ++gate) proj[gate] = g[gate * H];
-    }
-    if (s > 0 && !lone) wait_all(a.flags, static_cast<unsigned long long>(s));  // every block's h_{t-1}
     for (int b0 = 0; b0 < B; b0 += bs) {
       const int nb = min(bs, B - b0);
-      // (v and acc of the chunk before: their last readers finished before the barrier after the
-      // products of that chunk, resp. before the one after this stage.)
-      stage(v, h_prev, b0, nb, H, kp);
-      __syncthreads();
+      if (!chip) {
+        // (v's last readers, the products of the chunk before, finished before the barrier after
+        // them; acc's, the gate phase before, finish before the barrier below.)
+        stage(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
+        __syncthreads();                  // v filled by every thread before any warp's products
+      }
       block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
-      __syncthreads();
+      __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
       for (int idx = tid; idx < nb * u; idx += kThreads) {
         const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
         if (unit >= H) continue;
@@ -362,29 +356,34 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
         const int si = b * u + j;
         const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
         c_state[si] = c.c;
-        g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
         const int64_t e = static_cast<int64_t>(b) * H + unit;
+        // The exchange first (the next step's chain), the rest after: nothing in this launch
+        // reads them back.
+        if (chip) {
+          v[b * kp + unit] = c.h;
+          a.hs[out_slot * BH + e] = c.h;
+        } else {
+          store_exchange(a.hs + out_slot * BH + e, c.h);
+        }
+        g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
         const T h = from_float<T>(c.h);
         a.cs[t * BH + e] = c.c;
-        a.hs[out_slot * BH + e] = c.h;
         if (a.hd) a.hd[out_slot * BH + e] = h;
         a.y[t * BH + e] = h;
         if (s + 1 == a.steps) {
           a.h_n[e] = h;
           a.c_n[e] = from_float<T>(c.c);
-        } else {  // the next step's projection, from HBM into L2 while this step finishes
+        } else if (!own_one) {  // the next step's projection, from HBM into L2 while this step finishes
           const float* next = a.gates + (time_of(s + 1, a.steps, a.reverse) * B + b) * G + unit;
 #pragma unroll
           for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
         }
       }
     }
-    if (s + 1 < a.steps) {
-      if (lone)
-        __syncthreads();  // h_t written before the next stage reads it
-      else
-        publish(a.flags, static_cast<unsigned long long>(s + 1));
-    }
+    if (mine && s + 1 < a.steps) load_proj(s + 1, proj);
+    // On chip: every thread's h_t in v before the next products read it. Otherwise the next
+    // stage's own waiting orders it: no barrier.
+    if (chip) __syncthreads();
   }
 }
 
@@ -399,7 +398,6 @@ struct BwdArgs {
   float* dg;
   T* dg16;  // null for float32 (dg is the dtype's)
   T *dh0, *dc0;
-  Flags flags;
 };
 
 template <typename T, int kBt>
@@ -428,11 +426,13 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
     dh_rec[idx] = unit < H ? load_or_zero(a.dh_n, e) : 0.0f;
     dc[idx] = unit < H ? load_or_zero(a.dc_n, e) : 0.0f;
   }
-  __syncthreads();
+  const bool chip = on_chip(static_cast<int>(gridDim.x), bs, B);
+  if (chip)  // the staging buffer's padding past 4H stays zero; the gate phase writes the rest
+    for (int idx = tid; idx < B * kp; idx += kThreads) v[idx] = 0.0f;
+  __syncthreads();  // the weights and state in shared memory before the first gate phase
 
-  const bool lone = gridDim.x == 1;
   // Where every (batch row, unit) of the block is one thread's, the thread loads the cell's inputs
-  // of its next step (saved gates, c_t, c_{t-1}, dy_t) right after publishing this step's dG: their
+  // of its next step (saved gates, c_t, c_{t-1}, dy_t) right after writing this step's dG: their
   // L2 round trip overlaps the wait and the products instead of starting the next step.
   const bool own_one = B * u <= kThreads;
   const int my_b = tid / u, my_j = tid - my_b * u;
@@ -467,8 +467,16 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
         d = cell_backward(g[0], g[H], g[2 * H], g[3 * H], a.cs[t * BH + e], c_prev, dh, dc[idx]);
       }
       dc[idx] = d.dc_prev;
+      // The exchange first (the products' chain), the rest after.
       float* out = a.dg + row;
-      out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
+      if (chip) {
+        float* o = v + b * kp + unit;
+        o[0] = d.di, o[H] = d.df, o[2 * H] = d.dg, o[3 * H] = d.dout;
+        out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
+      } else {
+        store_exchange(out, d.di), store_exchange(out + H, d.df), store_exchange(out + 2 * H, d.dg);
+        store_exchange(out + 3 * H, d.dout);
+      }
       if (a.dg16) {
         T* o16 = a.dg16 + row;
         o16[0] = from_float<T>(d.di), o16[H] = from_float<T>(d.df), o16[2 * H] = from_float<T>(d.dg);
@@ -476,7 +484,7 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
       }
       if (s == 0) {
         a.dc0[e] = from_float<T>(d.dc_prev);
-      } else {  // the next step's saved gates and c, from HBM into L2 while this step finishes
+      } else if (!own_one) {  // the next step's saved gates and c, from HBM into L2 while this step finishes
         const float* next = a.gates + (t_prev * B + b) * G + unit;
 #pragma unroll
         for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
@@ -485,20 +493,16 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
         if (a.dy) prefetch_l2(a.dy + t_prev * BH + e);
       }
     }
-    const auto done = static_cast<unsigned long long>(a.steps - s);
-    if (lone)
-      __syncthreads();  // dG_t written before the stage reads it
-    else
-      publish(a.flags, done);
     if (mine && s > 0) load_cell(s - 1);
-    if (!lone) wait_all(a.flags, done);  // every block's units of dG_t
     const float* dg_t = a.dg + t * B * G;
     for (int b0 = 0; b0 < B; b0 += bs) {
       const int nb = min(bs, B - b0);
-      stage(v, dg_t, b0, nb, static_cast<int>(G), kp);
-      __syncthreads();
+      // (v's last readers, the products of the chunk before, finished before the barrier after
+      // them; acc's, the sums below, before the barrier after this stage.)
+      if (!chip) stage(v, dg_t, b0, nb, static_cast<int>(G), kp);  // waits for every block's dG_t of the chunk
+      __syncthreads();  // v filled (staged, or on chip by the gate phase) before any warp's products
       block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
-      __syncthreads();
+      __syncthreads();  // every warp's acc before the sums
       for (int idx = tid; idx < nb * u; idx += kThreads) {
         const int bb = idx / u, j = idx - bb * u, unit = unit0 + j;
         float sum = 0.0f;
@@ -507,7 +511,10 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
         if (s == 0 && unit < H) a.dh0[static_cast<int64_t>(b0 + bb) * H + unit] = from_float<T>(sum);
       }
     }
-    __syncthreads();  // dh_rec written before the next step's cell reads it
+    // With one chunk, the thread that wrote dh_rec[idx] and dc[idx] is the one that reads them in
+    // the next gate phase (idx over B u both times) and v's readers finished before the barrier
+    // above: no barrier. With several, dh_rec's entries cross threads.
+    if (bs < B) __syncthreads();
   }
 }
 
@@ -530,20 +537,18 @@ const void* kernel_of(bool backward, DType dtype, int kbt) {
 }
 
 // A whole step in one block where it is at most this many multiply-adds (4H x H x B; 256 a thread):
-// no flags and no cross-block round trips, and about 0.5 us of products. An estimate from the
+// no cross-block round trips (on chip where the batch fits one stage), and about 0.5 us of products. An estimate from the
 // instruction counts, not a measurement: tune it on the device.
 constexpr int64_t kLoneWork = 64 * 1024;
 
 // The launch for a shape, the first of these that fits shared memory with every block resident:
 // one block (small steps: kLoneWork); one block an SM (the fewest units that keep the grid within
-// the SM count: fewer flags to poll, and 2 blocks an SM add nothing to the products an SM does);
+// the SM count: fewer blocks to wait on, and 2 blocks an SM add nothing to the products an SM does);
 // the fewest units a block such that the grid is resident (several blocks an SM, as before: this
 // keeps every shape the variant took). nullopt where none fits. Depends on neither T nor the
 // pointers; the answers of the last few shapes are kept (supports() runs on every call of the op).
 std::optional<Geometry> plan(bool backward, const Shape& s) {
-  if (!valid_shape(s) || s.device.device < 0 || s.device.device >= kMaxDevices || s.device.cc_major < 7 ||
-      s.device.sm_count < 1)
-    return std::nullopt;
+  if (!valid_shape(s) || s.device.device < 0 || s.device.cc_major < 7 || s.device.sm_count < 1) return std::nullopt;
   struct Entry {
     bool backward;
     int64_t batch, hidden;
@@ -567,7 +572,7 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
     const int64_t grid = (H + units - 1) / units;
     Geometry g = geometry(backward, s, units, kbt);
     if (g.smem > s.device.smem_per_block_optin) return -1;
-    if (grid > kMaxGrid || grid > resident_clusters(kernel, kThreads, 1, static_cast<std::size_t>(g.smem), 1, s.device))
+    if (grid > resident_clusters(kernel, kThreads, 1, static_cast<std::size_t>(g.smem), 1, s.device))
       return 0;
     g.grid = static_cast<int>(grid);
     out = g;
@@ -592,20 +597,15 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   return found;
 }
 
-// The flags of a launch of `grid` blocks on the current device: the next set in turn, zeroed on the
-// stream before the launch (a memset node in a captured graph, so every replay starts from zero;
-// a per-launch count instead would leave a replay the values of the one before).
-cudaError_t launch_flags(int grid, cudaStream_t stream, Flags& out) {
-  static std::atomic<unsigned> turn{0};
-  const unsigned set = turn.fetch_add(1, std::memory_order_relaxed) % kFlagSets;
-  unsigned long long* flags = nullptr;
-  if (const cudaError_t e = cudaGetSymbolAddress(reinterpret_cast<void**>(&flags), g_step_flags); e != cudaSuccess)
-    return e;
-  out.set = flags + static_cast<std::size_t>(set) * kMaxGrid * kFlagStride;
-  return cudaMemsetAsync(out.set, 0, static_cast<std::size_t>(grid) * kFlagStride * sizeof(unsigned long long), stream);
+// Sets the `count` floats at p to the empty mark on the stream (header comment), unless the launch
+// keeps its recurrence on chip and reads none of them back.
+cudaError_t mark_empty(const Geometry& g, int64_t batch, float* p, int64_t count, cudaStream_t stream) {
+  if (on_chip(g.grid, g.bs, batch)) return cudaSuccess;
+  return cudaMemsetAsync(p, kEmptyByte, static_cast<std::size_t>(count) * sizeof(float), stream);
 }
 
-// A cooperative launch (every block resident, grid.sync() valid) through cudaLaunchKernelEx, which
+// A cooperative launch (every block resident: a block waiting on another's values never waits on
+// one that is not running) through cudaLaunchKernelEx, which
 // returns this launch's own error.
 template <typename Args>
 cudaError_t launch_cooperative(void (*kernel)(Args), const Geometry& g, cudaStream_t stream, const Args& args) {
@@ -641,7 +641,9 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     a.b_hh = static_cast<const T*>(p.b_hh), a.h0 = static_cast<const T*>(p.h0), a.c0 = static_cast<const T*>(p.c0);
     a.y = static_cast<T*>(p.y), a.h_n = static_cast<T*>(p.h_n), a.c_n = static_cast<T*>(p.c_n);
     a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs, a.hd = s.dtype == DType::kFloat32 ? nullptr : ws.hd;
-    if (const cudaError_t e = launch_flags(geo->grid, stream, a.flags); e != cudaSuccess) return e;
+    if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch * s.hidden, stream);
+        e != cudaSuccess)
+      return e;
     return with_tile_batch(tile_batch(s.batch),
                            [&]<int kBt>() { return launch_cooperative(persistent_fwd_kernel<T, kBt>, *geo, stream, a); });
   });
@@ -661,7 +663,9 @@ cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream) {
     a.dh_n = static_cast<const T*>(p.dh_n), a.dc_n = static_cast<const T*>(p.dc_n), a.c0 = static_cast<const T*>(p.c0);
     a.gates = ws.gates, a.cs = ws.cs, a.dg = sc.dg, a.dg16 = s.dtype == DType::kFloat32 ? nullptr : sc.dg16;
     a.dh0 = static_cast<T*>(p.dh0), a.dc0 = static_cast<T*>(p.dc0);
-    if (const cudaError_t e = launch_flags(geo->grid, stream, a.flags); e != cudaSuccess) return e;
+    if (const cudaError_t e = mark_empty(*geo, s.batch, sc.dg, s.steps * s.batch * 4 * s.hidden, stream);
+        e != cudaSuccess)
+      return e;
     return with_tile_batch(tile_batch(s.batch),
                            [&]<int kBt>() { return launch_cooperative(persistent_bwd_kernel<T, kBt>, *geo, stream, a); });
   });

@@ -416,8 +416,77 @@ TEST(LstmKernels, PersistentCoversItsGeometries) {
   EXPECT_EQ(ran[0], static_cast<int>(cases.size()));
 }
 
+// The persistent variant's exchange (lstm_persistent.cu): a value's readiness is the value itself,
+// the exchanged arrays emptied before each launch. Back-to-back launches on one stream through the
+// SAME workspace and scratch, of two problems whose recurrences differ (biases and initial state
+// on or off), with no synchronisation between them: a launch that read a value the launch before
+// left (a stale value taken for ready) gives the other problem's numbers. On chip (one block, one
+// stage), one block in several batch chunks (its own values through L2), a grid of several blocks
+// and one a unit; one step, reverse, both float32 and a 16-bit dtype.
+TEST(LstmKernels, PersistentBackToBackLaunchesShareTheirBuffers) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const Variant* v = find("persistent");
+  const int64_t sms = current_device_info().sm_count;
+  for (const DType d : {DType::kFloat32, DType::kBFloat16}) {
+    for (const Case& c : {Case{6, 1, 5, 8, d, true, true, false, true},        // one block on chip
+                          Case{1, 3, 4, 32, d, true, true, true, true},        // on chip, one step, reverse
+                          Case{3, 4100, 2, 1, d, true, true, false, true},     // one block, three batch chunks
+                          Case{5, 4, 9, 256, d, true, true, true, true},       // several blocks, reverse
+                          Case{1, 2, 3, 2 * sms + 1, d, true, true, false, true},  // several blocks, one step
+                          Case{4, 5, 6, sms, d, true, true, false, false}}) {  // one unit a block
+      if (!v->supports(c.shape())) continue;
+      Case other = c;
+      other.state = !c.state, other.bias = !c.bias, other.final_grads = !c.final_grads;
+      Problem p(c), q(other);
+      p.reference();
+      q.reference();
+      for (Output* o : p.outputs()) o->dev.poison();
+      for (Output* o : q.outputs()) o->dev.poison();
+      // q, then p through q's buffers, then q again: each launch finds the one before's values.
+      auto shared_fwd = [&] {
+        FwdParams f = p.fwd(false);
+        f.workspace = q.ws.ptr;
+        return f;
+      };
+      auto shared_bwd = [&] {
+        BwdParams b = p.bwd(false);
+        b.workspace = q.ws.ptr, b.scratch = q.scratch.ptr;
+        return b;
+      };
+      ASSERT_EQ(v->forward(q.fwd(false), nullptr), cudaSuccess) << c.name();
+      ASSERT_EQ(v->backward(q.bwd(false), nullptr), cudaSuccess) << c.name();
+      ASSERT_EQ(v->forward(shared_fwd(), nullptr), cudaSuccess) << c.name();
+      ASSERT_EQ(v->backward(shared_bwd(), nullptr), cudaSuccess) << c.name();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << c.name();
+      const double tol = kFamily.tolerance(std::string(dtype_name(d)));
+      for (Output* o : p.outputs()) EXPECT_LE(error_of(*o, d), tol) << c.name() << " after another: " << o->name;
+      for (Output* o : q.outputs()) o->dev.poison();
+      ASSERT_EQ(v->forward(q.fwd(false), nullptr), cudaSuccess) << other.name();
+      ASSERT_EQ(v->backward(q.bwd(false), nullptr), cudaSuccess) << other.name();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << other.name();
+      for (Output* o : q.outputs()) EXPECT_LE(error_of(*o, d), tol) << other.name() << " after another: " << o->name;
+    }
+  }
+}
+
+// A NaN input reaches h and dG (every later value NaN, as in the reference): whatever its bits, the
+// exchange must not take it for an empty value and wait for ever. The run returning is the check.
+TEST(LstmKernels, PersistentFinishesOnNanInputs) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const Variant* v = find("persistent");
+  for (const Case& c : {Case{3, 2, 4, 300, DType::kFloat32, true, true, false, true},
+                        Case{3, 2, 4, 8, DType::kFloat32, true, true, true, true}}) {
+    if (!v->supports(c.shape())) continue;
+    Problem p(c);
+    const unsigned nan_bits[2] = {0xffffffffu, 0x7fc00000u};  // the empty mark's bits, and a quiet NaN
+    cudaMemcpy(p.x.dev.ptr, nan_bits, sizeof nan_bits, cudaMemcpyHostToDevice);
+    ASSERT_EQ(p.run(*v), "") << c.name();
+  }
+}
+
 // Not a check: microseconds a step of the persistent variant's forward and backward (each with its
-// GEMMs, as the op runs them; the best of 5 runs) at the shapes of issue 12's table. On the device:
+// GEMMs, as the op runs them; the best of 5 runs) over H = 8 .. 985 x B = 1, 4, 32, T = 1000 (issue
+// 12's table). On the device:
 //   hfnn_kernel_tests --gtest_also_run_disabled_tests --gtest_filter='LstmKernels.DISABLED_PersistentTiming*'
 TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
   if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
@@ -425,8 +494,9 @@ TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
   struct Timed {
     int64_t T, B, H;
   };
-  const Timed shapes[] = {{1000, 1, 8},   {1000, 4, 32},  {1000, 4, 128}, {1000, 32, 128}, {1000, 32, 256},
-                          {1000, 4, 512}, {256, 32, 512}, {1000, 1, 985}, {1000, 4, 985},  {1000, 32, 985}};
+  std::vector<Timed> shapes;
+  for (const int64_t H : {8, 32, 128, 512, 985})
+    for (const int64_t B : {1, 4, 32}) shapes.push_back({1000, B, H});
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) cudaEventCreate(&e);
   for (const DType d : {DType::kFloat32, DType::kBFloat16}) {
