@@ -44,8 +44,8 @@ struct VariantName {
 inline constexpr std::array<VariantName, 2> kVariants = {{
     {"persistent",
      "one cooperative launch for the whole sequence: each block keeps its hidden units' rows of W_hh in shared "
-     "memory; a step waits only for every block's readiness flag of the step before; the backward likewise with "
-     "W_hh's columns"},
+     "memory; a step waits only for the h values it reads, each written once into a buffer cleared before the "
+     "launch; the backward likewise with W_hh's columns"},
     {"steps", "a cuBLASLt GEMM and a fused gate kernel per step: any size the GEMMs take (W_hh too large to stay on chip)"},
 }};
 
