@@ -1,6 +1,6 @@
 """hfnn: profiling-driven kernel tuning for PyTorch training.
 
-    model = hfnn.to_hfnn(model)   # every nn.LayerNorm now runs hfnn's CUDA kernels
+    model = hfnn.to_hfnn(model)   # every nn.LayerNorm, nn.MultiheadAttention, nn.LSTM runs hfnn's kernels
     model = hfnn.to_torch(model)  # and back, exactly
 
     HFNN_DISPATCH_DB=shapes.db python train.py   # every LayerNorm runs what `hfnn tune` picked

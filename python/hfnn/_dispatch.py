@@ -13,7 +13,9 @@ nn.MultiheadAttention (and nn.Transformer*Layer, which call it): where the table
 keys, its forward is wrapped (hfnn/_families/multihead_attention.py) so every call asks one C++ op,
 which checks what hfnn's op takes, looks the call's packed key up and counts; a key's winning core
 runs as hfnn's op, everything else (untuned keys, keys torch won, need_weights=True, masks, kdim)
-runs torch's own forward as before.
+runs torch's own forward as before. nn.LSTM likewise, where the table has LSTM keys
+(hfnn/_families/lstm.py): each call asks hfnn::lstm_choose for its key's winner; its calls are
+counted in Python.
 
 Nothing here stops training: a missing, corrupt or foreign database, one tuned on another GPU or
 torch, or an input no kernel takes means torch's kernel and one warning on stderr. HFNN_STRICT=1
@@ -33,6 +35,9 @@ import sys
 
 # Whether install() loaded a table (or tried to) in this process: hfnn's own modules then ask it too.
 active = False
+# What a key without a winner runs for torch's modules routed from Python (nn.LSTM): "torch" or
+# "heuristic" (hfnn's built-in choice), HFNN_DISPATCH_POLICY as install() read it.
+policy = "torch"
 
 
 def _fail_or_warn(message: str, strict: bool) -> None:
@@ -50,21 +55,22 @@ def install(path: str) -> dict:
     from . import __version__, _ops
 
     strict = os.environ.get("HFNN_STRICT") == "1"
-    policy = os.environ.get("HFNN_DISPATCH_POLICY", "torch")
-    if policy not in ("torch", "heuristic"):
-        _fail_or_warn(f"HFNN_DISPATCH_POLICY={policy}: expected torch or heuristic; using torch", strict)
-        policy = "torch"
+    policy_ = os.environ.get("HFNN_DISPATCH_POLICY", "torch")
+    if policy_ not in ("torch", "heuristic"):
+        _fail_or_warn(f"HFNN_DISPATCH_POLICY={policy_}: expected torch or heuristic; using torch", strict)
+        policy_ = "torch"
     if not _ops.available:
         _fail_or_warn(f"HFNN_DISPATCH_DB is set but {_ops.ops_error()}; every call runs torch's kernels", strict)
         return {"ok": False, "problem": _ops.ops_error()}
     status = json.loads(torch.ops.hfnn.dispatch_load(path, torch.__version__, torch.version.cuda or "", __version__,
-                                                     policy, strict))
+                                                     policy_, strict))
     if not status["ok"]:
         _fail_or_warn(f"{status['problem']}; every call runs torch's kernels", strict)
     for note in status["notes"]:
         _fail_or_warn(note, strict)
-    global active
+    global active, policy
     active = True
+    policy = policy_
     # Families whose op is reached through a Python module rather than a torch op the library
     # registers over (attention: nn.MultiheadAttention.forward) install their routing here.
     from . import _families
@@ -76,7 +82,7 @@ def install(path: str) -> dict:
     if os.environ.get("HFNN_VERBOSE") == "1":
         if status["ok"]:
             print(f"hfnn: dispatch from {path}: {status['keys']} tuned key(s) for {', '.join(status['gpus'])}"
-                  f"; untuned shapes run {'torch' if policy == 'torch' else 'the built-in choice'}", file=sys.stderr)
+                  f"; untuned shapes run {'torch' if policy_ == 'torch' else 'the built-in choice'}", file=sys.stderr)
         atexit.register(_print_summary)
     return status
 
@@ -96,14 +102,20 @@ def dispatch_stats() -> dict:
     "strict", "gpus", "keys", "ops": {op: {"title", "keys", "calls": {pass: {kernel: n}},
     "fallbacks": {pass: {reason: n}}}}}, every family of the build and every pass of each ("fwd",
     "bwd" for LayerNorm: stats["ops"]["layer_norm"]["calls"]["fwd"]). "torch" in calls counts every
-    call torch's kernel ran, and fallbacks says why."""
-    from . import _ops
+    call torch's kernel ran, and fallbacks says why. Families counted in Python (LSTM: hfnn.nn.LSTM's
+    calls, and nn.LSTM's under the variable) add theirs, with or without the op library."""
+    from . import _families, _ops
 
-    if not _ops.available:
-        return {"active": False, "db": "", "keys": 0, "ops": {}}
-    import torch
+    if _ops.available:
+        import torch
 
-    return json.loads(torch.ops.hfnn.dispatch_stats())
+        stats = json.loads(torch.ops.hfnn.dispatch_stats())
+    else:
+        stats = {"active": False, "db": "", "keys": 0, "ops": {}}
+    for family in _families.ALL:
+        if hasattr(family, "add_stats"):
+            family.add_stats(stats)
+    return stats
 
 
 _PASS_TITLES = {"fwd": "forward", "bwd": "backward", "train": "forward + backward"}

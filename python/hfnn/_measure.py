@@ -1,5 +1,6 @@
 """What the tune worker and the family modules share to measure a candidate: CUDA-graph timing
-over rotating inputs, the error against a float64 reference, and a one-line error message."""
+over rotating inputs, wall time per call as a training loop sees it, the error against a float64
+reference, and a one-line error message."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,24 @@ import time
 
 def first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:300]
+
+
+def tunable_dtype(torch, name: str):
+    """The torch dtype of a request's dtype name; ValueError for one no family tunes."""
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(name)
+    if dtype is None:
+        raise ValueError(f"dtype {name} is not tunable (float32, float16, bfloat16)")
+    return dtype
+
+
+def failed_candidate(torch, pass_: str, name: str, e: BaseException) -> dict:
+    """A candidate that raised, as the answer records it: one candidate failing is a result, not the
+    end of the run. Waits for the GPU first, so the next candidate does not inherit its work."""
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # a sticky CUDA error: the next key reports it
+        pass
+    return {"pass": pass_, "name": name, "ran": False, "error": first_line(e)}
 
 
 def rel_error(out, ref) -> float:
@@ -48,4 +67,25 @@ def graph_samples(calls, budget_s: float = 0.0, min_samples: int = 7, max_sample
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / len(calls))
     del graph
+    return samples
+
+
+def wall_samples(torch, call, budget_s: float, min_samples: int = 7, max_samples: int = 31) -> list:
+    """Per-call µs of call(i) run back to back, as a training loop runs them: the CPU launches what the
+    GPU then runs, synchronized once per sample. Each sample is `inner` calls of about 2 ms together."""
+    for i in range(3):
+        call(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    call(0)
+    torch.cuda.synchronize()
+    one = max(time.perf_counter() - t0, 1e-6)
+    inner = max(3, min(100, math.ceil(2e-3 / one)))
+    samples, started = [], time.perf_counter()
+    while len(samples) < max_samples and (len(samples) < min_samples or time.perf_counter() - started < budget_s):
+        t0 = time.perf_counter()
+        for i in range(inner):
+            call(i)
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e6 / inner)
     return samples

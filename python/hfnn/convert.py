@@ -1,9 +1,9 @@
 """to_hfnn / to_torch: the reversible module swap.
 
 The swap changes each module's class in place (torch.nn.LayerNorm <-> hfnn.nn.LayerNorm,
-torch.nn.MultiheadAttention <-> hfnn.nn.MultiheadAttention: every family's hfnn/_families/<op>.py
-says which), nothing else: the module object, its parameters (the same tensors), buffers, hooks, training flag, dtype and
-device all stay. Only modules whose class is exactly torch's are swapped: a user's subclass may
+torch.nn.MultiheadAttention <-> hfnn.nn.MultiheadAttention, torch.nn.LSTM <-> hfnn.nn.LSTM: every
+family's hfnn/_families/<op>.py says which), nothing else: the module object, its parameters (the
+same tensors), buffers, hooks, training flag, dtype and device all stay. Only modules whose class is exactly torch's are swapped: a user's subclass may
 override forward, and taking it over would change what the model computes.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _swap(model: nn.Module, table: dict[type, type]) -> nn.Module:
 
 
 def to_hfnn(model: nn.Module) -> nn.Module:
-    """Swap every torch.nn.LayerNorm and nn.MultiheadAttention in `model` (recursively, in place) for
-    hfnn.nn's; returns `model`."""
+    """Swap every torch.nn.LayerNorm, nn.MultiheadAttention and nn.LSTM in `model` (recursively, in
+    place) for hfnn.nn's; returns `model`."""
     return _swap(model, _SWAPS)
 
 

@@ -7,7 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch.autograd.function import once_differentiable
+from torch.nn.utils.rnn import PackedSequence
+
 from . import _dispatch, _ops
+from ._families import lstm as _lstm_family
 from ._families import multihead_attention as _mha_family
 
 
@@ -103,3 +107,216 @@ class MultiheadAttention(nn.MultiheadAttention):
         torch_forward = _mha_family.torch_forward or super().forward.__func__
         return torch_forward(self, query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                              attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+
+
+# ---- LSTM -----------------------------------------------------------------------------------------
+
+# What LSTM calls ran, per call: a variant's name (the first layer's), or "torch" for torch's module
+# path, and the reason of each of those. Counted for hfnn.nn.LSTM always, and for plain nn.LSTM
+# under HFNN_DISPATCH_DB; hfnn.dispatch_stats() reports them as the "lstm" family's "train" pass.
+lstm_calls: "collections.Counter[str]" = collections.Counter()
+lstm_fallbacks: "collections.Counter[str]" = collections.Counter()
+
+# The dtypes hfnn's LSTM kernels compute in (16-bit with float32 accumulation and cell state).
+_LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The built-in choice where no table names a winner, in order: the first variant whose
+# lstm_supports() takes the call. Provisional, not measured yet: the persistent kernel keeps the
+# recurrent weights on chip and should win wherever they fit; the step loop takes the rest.
+# bench/lstm.py --grid measures where that is true (the crossover against cuDNN).
+_LSTM_BUILTIN_ORDER = ("persistent", "steps")
+# Tests only (tests/python/test_lstm.py, with stand-in ops): take hfnn's path for CPU tensors too.
+_lstm_takes_cpu = False
+
+
+def _lstm_compute_dtype(input: torch.Tensor) -> torch.dtype:
+    """The dtype a call computes in: autocast's where autocast is on for the input's device (cuDNN's
+    LSTM casts its input, states and weights to it, and returns outputs in it), else the input's."""
+    device = input.device.type
+    if input.dtype != torch.float64 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return input.dtype
+
+
+def _lstm_fallback_reason(m: nn.LSTM, input) -> str | None:
+    """None where hfnn's ops compute what torch's module would; else why not, in a few words."""
+    if not hasattr(torch.ops.hfnn, "lstm_layer_fwd"):
+        return "op library has no LSTM kernels"
+    if isinstance(input, PackedSequence):
+        return "PackedSequence"
+    if m.proj_size > 0:
+        return "proj_size"
+    if input.dim() != 3:
+        return "unbatched input"
+    if not input.is_cuda and not (_lstm_takes_cpu and input.device.type == "cpu"):
+        return "CPU tensor" if input.device.type == "cpu" else f"{input.device.type} tensor"
+    if _lstm_compute_dtype(input) not in _LSTM_DTYPES:
+        return "dtype not float32/bfloat16/float16"
+    if torch.compiler.is_compiling():  # Dynamo traces torch's module; hfnn's ops have no fake kernels yet
+        return "torch.compile"
+    return None
+
+
+def _lstm_choose_dtype_arg(dtype: torch.dtype):
+    """lstm_choose's dtype argument as its schema declares it (a ScalarType, or its name)."""
+    schema = getattr(getattr(torch.ops.hfnn.lstm_choose, "default", None), "_schema", None)
+    if schema is not None and str(schema.arguments[5].type) == "str":
+        return str(dtype).replace("torch.", "")
+    return dtype
+
+
+def _lstm_table_choice(m: nn.LSTM, input: torch.Tensor, plain: bool) -> tuple[str | None, str | None]:
+    """(variant, None) to run: the table's winner for the call's key, or "" for the built-in choice;
+    (None, reason) for torch's path. Asks the table only under HFNN_DISPATCH_DB."""
+    if _dispatch.active and hasattr(torch.ops.hfnn, "lstm_choose"):
+        batch, steps = (input.shape[0], input.shape[1]) if m.batch_first else (input.shape[1], input.shape[0])
+        dropout = bool(m.dropout > 0 and m.training and m.num_layers > 1)  # the key's dropout (lstm_family.cpp)
+        choice = torch.ops.hfnn.lstm_choose(m.input_size, m.hidden_size, m.num_layers, batch, steps,
+                                            _lstm_choose_dtype_arg(_lstm_compute_dtype(input)), m.bidirectional,
+                                            m.batch_first, m.bias, dropout)
+        if choice == "torch":
+            return None, "torch won the tuning"
+        if choice:
+            return choice, None
+        if plain and _dispatch.policy == "torch":
+            return None, "shape not tuned"
+    return "", None
+
+
+def _lstm_layer_variant(wanted: str, x: torch.Tensor, w_hh: torch.Tensor) -> str | None:
+    """The variant that runs one layer: `wanted` where it takes the layer's input, for the built-in
+    choice ("") the first of _LSTM_BUILTIN_ORDER that does; None when none does."""
+    if wanted:
+        return wanted if torch.ops.hfnn.lstm_supports(x, w_hh, wanted) else None
+    have = torch.ops.hfnn.lstm_variants()
+    return next((v for v in _LSTM_BUILTIN_ORDER if v in have and torch.ops.hfnn.lstm_supports(x, w_hh, v)), None)
+
+
+class _LSTMLayer(torch.autograd.Function):
+    """One layer in one direction: hfnn::lstm_layer_fwd, and hfnn::lstm_layer_bwd reading the
+    forward's workspace. x [T, B, I] time-major; outputs y [T, B, H], h_n and c_n [B, H]."""
+
+    @staticmethod
+    def forward(ctx, x, w_ih, w_hh, b_ih, b_hh, h0, c0, reverse: bool, variant: str):
+        y, h_n, c_n, workspace = torch.ops.hfnn.lstm_layer_fwd(x, w_ih, w_hh, b_ih, b_hh, h0, c0, reverse, variant)
+        ctx.save_for_backward(x, w_ih, w_hh, h0, c0, workspace)
+        ctx.reverse, ctx.variant, ctx.has_bias = reverse, variant, b_ih is not None
+        ctx.set_materialize_grads(False)  # an unused h_n or c_n gives the op None, not zeros
+        return y, h_n, c_n
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh_n, dc_n):
+        x, w_ih, w_hh, h0, c0, workspace = ctx.saved_tensors
+        if dy is None:  # only h_n or c_n reached the loss
+            dy = x.new_zeros(x.shape[0], x.shape[1], w_hh.shape[1])
+        dx, dw_ih, dw_hh, db, dh0, dc0 = torch.ops.hfnn.lstm_layer_bwd(
+            dy.contiguous(), None if dh_n is None else dh_n.contiguous(), None if dc_n is None else dc_n.contiguous(),
+            x, w_ih, w_hh, h0, c0, workspace, ctx.reverse, ctx.variant)
+        db = db if ctx.has_bias else None
+        return dx, dw_ih, dw_hh, db, db, dh0 if h0 is not None else None, dc0 if c0 is not None else None, None, None
+
+
+def _lstm_check(m: nn.LSTM, input: torch.Tensor, hx) -> None:
+    """torch's own argument checks of a batched call, with torch's messages (nn.LSTM.forward)."""
+    if hx is not None and (hx[0].dim() != 3 or hx[1].dim() != 3):
+        raise RuntimeError(f"For batched 3-D input, hx and cx should also be 3-D but got ({hx[0].dim()}-D, "
+                           f"{hx[1].dim()}-D) tensors")
+    if hx is None:
+        m.check_input(input, None)
+    else:
+        m.check_forward_args(input, hx, None)
+
+
+class _LSTMRefused(Exception):
+    """A layer's input that no variant takes (its message: the reason): torch's path runs the call."""
+
+
+def _lstm_run(m: nn.LSTM, input: torch.Tensor, hx, variant: str, flip_direction: bool = False):
+    """The module's forward through hfnn's ops, every layer and direction with `variant` ("": the
+    built-in choice per layer): (output, (h_n, c_n)) in torch's layout, and the variant the first
+    layer ran. Raises _LSTMRefused where no variant takes a layer's input (checked per layer: a
+    layer's input size is the previous one's hidden size times the directions).
+    flip_direction runs each direction over the other time order: the tuner's planted wrong candidate."""
+    _lstm_check(m, input, hx)
+    dtype = _lstm_compute_dtype(input)
+    x = (input.transpose(0, 1) if m.batch_first else input).to(dtype).contiguous()
+    dirs = 2 if m.bidirectional else 1
+    h0 = c0 = None
+    if hx is not None:
+        h0, c0 = hx[0].to(dtype), hx[1].to(dtype)
+    hs, cs = [], []
+    first = None
+    for layer in range(m.num_layers):
+        outs = []
+        for d in range(dirs):
+            suffix = f"_l{layer}" + ("_reverse" if d else "")
+            w_ih = getattr(m, "weight_ih" + suffix).to(dtype)
+            w_hh = getattr(m, "weight_hh" + suffix).to(dtype)
+            b_ih = getattr(m, "bias_ih" + suffix).to(dtype) if m.bias else None
+            b_hh = getattr(m, "bias_hh" + suffix).to(dtype) if m.bias else None
+            chosen = _lstm_layer_variant(variant, x, w_hh)
+            if chosen is None:
+                raise _LSTMRefused("winner refused the input" if variant else "input no variant takes")
+            first = first or chosen
+            i = layer * dirs + d
+            y, h_n, c_n = _LSTMLayer.apply(x, w_ih.contiguous(), w_hh.contiguous(), b_ih, b_hh,
+                                           None if h0 is None else h0[i].contiguous(),
+                                           None if c0 is None else c0[i].contiguous(),
+                                           (d == 1) != flip_direction, chosen)
+            outs.append(y)
+            hs.append(h_n)
+            cs.append(c_n)
+        x = outs[0] if dirs == 1 else torch.cat(outs, dim=2)
+        if m.dropout > 0 and m.training and layer < m.num_layers - 1:  # between layers, as torch does
+            x = F.dropout(x, m.dropout, training=True)
+    output = x.transpose(0, 1) if m.batch_first else x
+    return output, (torch.stack(hs), torch.stack(cs)), first
+
+
+def _lstm_route(m: nn.LSTM, input, hx, plain: bool):
+    """(output, (h_n, c_n)) through hfnn's ops, or None: torch's path runs the call. Counts what ran
+    (lstm_calls) and why torch's path did (lstm_fallbacks). plain: a torch nn.LSTM under
+    HFNN_DISPATCH_DB, whose untuned keys stay torch's (HFNN_DISPATCH_POLICY=torch)."""
+    why = _lstm_fallback_reason(m, input)
+    if why is None:
+        variant, why = _lstm_table_choice(m, input, plain)
+        if why is None:
+            try:
+                output, state, ran = _lstm_run(m, input, hx, variant)
+                lstm_calls[ran] += 1
+                return output, state
+            except _LSTMRefused as refused:
+                why = str(refused)
+    lstm_calls["torch"] += 1
+    lstm_fallbacks[why] += 1
+    return None
+
+
+class LSTM(nn.LSTM):
+    """torch.nn.LSTM through hfnn's LSTM kernels: the same constructor, parameters, state_dict keys
+    and flatten_parameters (a subclass: checkpoints move freely, to_hfnn / to_torch switch classes
+    in place).
+
+    A batched call on CUDA in float32, bfloat16 or float16 runs each layer and direction as one
+    hfnn op pair (hfnn::lstm_layer_fwd, and lstm_layer_bwd in the backward reading the forward's
+    workspace): layers stacked, the directions' outputs concatenated on the feature dim, dropout
+    between layers in training as torch applies it, h0/c0 given or zero, (output, (h_n, c_n)) in
+    torch's layout. Under autocast it computes in the autocast dtype, as cuDNN's LSTM does (input,
+    states and weights cast once; outputs in that dtype).
+
+    Which variant: under HFNN_DISPATCH_DB the key's tuned winner (torch's module where torch won);
+    otherwise hfnn's built-in choice, "persistent" where it takes the shape, else "steps". That
+    choice is provisional, not yet measured against cuDNN (bench/lstm.py --grid measures it).
+
+    Anything else runs torch's nn.LSTM.forward, counted with its reason in hfnn.nn.lstm_fallbacks:
+    an op library without LSTM kernels, CPU tensors, PackedSequence, proj_size > 0, unbatched input,
+    other dtypes, an input no variant takes, torch winning the tuning, torch.compile tracing.
+    """
+
+    def forward(self, input, hx=None):
+        out = _lstm_route(self, input, hx, plain=False)
+        if out is not None:
+            return out
+        # torch's own forward (not HFNN_DISPATCH_DB's wrapper of it, which would route the call again).
+        torch_forward = _lstm_family.torch_forward or nn.LSTM.forward
+        return torch_forward(self, input, hx)

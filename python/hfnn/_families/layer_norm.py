@@ -15,7 +15,7 @@ import math
 import re
 import time
 
-from .._measure import first_line, graph_samples, rel_error
+from .._measure import failed_candidate, graph_samples, rel_error, tunable_dtype
 
 OP = "layer_norm"
 
@@ -35,9 +35,7 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
     if not m:
         raise ValueError(f"not a LayerNorm key: {req['key']}")
     rows, cols, affine = int(m.group(1)), int(m.group(2)), m.group(3) == "1"
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(req["dtype"])
-    if dtype is None:
-        raise ValueError(f"dtype {req['dtype']} is not tunable (float32, float16, bfloat16)")
+    dtype = tunable_dtype(torch, req["dtype"])
     passes = req.get("passes", ["fwd", "bwd"])
     seconds = float(req.get("seconds", 2.0))
     started = time.perf_counter()
@@ -118,11 +116,7 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
             samples = graph_samples(calls, budget)
             out.append({"pass": pass_, "name": name, "samples_us": [round(s, 4) for s in samples],
                         "max_error": err if math.isfinite(err) else None})
-        except Exception as e:  # one candidate failing is a result, not the end of the run
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # a sticky CUDA error: the next key reports it
-                pass
-            out.append({"pass": pass_, "name": name, "ran": False, "error": first_line(e)})
+        except Exception as e:
+            out.append(failed_candidate(torch, pass_, name, e))
     return {"key": req["key"], "dtype": req["dtype"], "op": "layer_norm", "candidates": out,
             "seconds": round(time.perf_counter() - started, 3)}

@@ -27,7 +27,7 @@ import math
 import re
 import time
 
-from .._measure import first_line, rel_error
+from .._measure import failed_candidate, rel_error, tunable_dtype, wall_samples
 
 OP = "multihead_attention"
 
@@ -100,27 +100,6 @@ def _params(m):
     return [p for p in (m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias) if p is not None]
 
 
-def wall_samples(torch, call, budget_s: float, min_samples: int = 7, max_samples: int = 31) -> list:
-    """Per-call µs of call(i) run back to back, as a training loop runs them: the CPU launches what the
-    GPU then runs, synchronized once per sample. Each sample is `inner` calls of about 2 ms together."""
-    for i in range(3):
-        call(i)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    call(0)
-    torch.cuda.synchronize()
-    one = max(time.perf_counter() - t0, 1e-6)
-    inner = max(3, min(100, math.ceil(2e-3 / one)))
-    samples, started = [], time.perf_counter()
-    while len(samples) < max_samples and (len(samples) < min_samples or time.perf_counter() - started < budget_s):
-        t0 = time.perf_counter()
-        for i in range(inner):
-            call(i)
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6 / inner)
-    return samples
-
-
 def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
     """One tune request's answer: every candidate's timing samples and error, for the "train" pass."""
     import copy
@@ -128,9 +107,7 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
     from torch import nn
 
     k = parse_key(req["key"])
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(req["dtype"])
-    if dtype is None:
-        raise ValueError(f"dtype {req['dtype']} is not tunable (float32, float16, bfloat16)")
+    dtype = tunable_dtype(torch, req["dtype"])
     seconds = float(req.get("seconds", 2.0))
     started = time.perf_counter()
     p = TIMING_DROPOUT if k["dropout"] else 0.0
@@ -203,12 +180,8 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
             cand = {"pass": "train", "name": name, "samples_us": [round(s, 3) for s in samples],
                     "max_error": err if math.isfinite(err) else None}
             out.append(cand)
-        except Exception as e:  # one candidate failing is a result, not the end of the run
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # a sticky CUDA error: the next key reports it
-                pass
-            out.append({"pass": "train", "name": name, "ran": False, "error": first_line(e)})
+        except Exception as e:
+            out.append(failed_candidate(torch, "train", name, e))
     module.dropout = p
     return {"key": req["key"], "dtype": req["dtype"], "op": OP, "candidates": out,
             "seconds": round(time.perf_counter() - started, 3)}

@@ -1,0 +1,597 @@
+"""hfnn.nn.LSTM (issue 12): torch.nn.LSTM through hfnn's LSTM ops, one autograd node per layer and
+direction.
+
+On the CPU (CI) the glue is tested for real: the ops are replaced by a pure-torch stand-in of one
+layer and direction (lstm_standin.py: the same schema, a workspace its hand-written backward reads)
+and the module is let take hfnn's path on CPU tensors; outputs, h_n, c_n and every gradient must
+equal torch's nn.LSTM with the same weights over layers, directions, batch_first, bias, given or zero
+states, dropout; every fall-back runs torch's forward (exactly torch's result) and counts its reason;
+the variant choice (built-in, per layer; the table's winner; torch's) and HFNN_DISPATCH_DB's routing
+of plain nn.LSTM modules; to_hfnn / to_torch. On the GPU: the real ops, every variant that takes a
+shape, over a dense sweep of sizes and every dtype, against float64 and against torch's module.
+"""
+import collections
+import copy
+import io
+import itertools
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import hfnn
+from conftest import _gpu_skip_reason
+from hfnn._families import lstm as lstm_family
+from lstm_standin import StandIn
+
+REAL_OPS = hasattr(torch.ops.hfnn, "lstm_layer_fwd")
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """Fresh hfnn.nn.lstm_calls / lstm_fallbacks for the test."""
+    calls, fallbacks = collections.Counter(), collections.Counter()
+    monkeypatch.setattr(hfnn.nn, "lstm_calls", calls)
+    monkeypatch.setattr(hfnn.nn, "lstm_fallbacks", fallbacks)
+    return calls, fallbacks
+
+
+@pytest.fixture
+def standin(monkeypatch, counts):
+    """The stand-in ops, and hfnn's path taken for CPU tensors (this test only)."""
+    monkeypatch.setattr(hfnn.nn, "_lstm_takes_cpu", True)
+    monkeypatch.setattr(hfnn._dispatch, "active", False)
+    return StandIn().install(monkeypatch)
+
+
+def pair(input_size, hidden, layers=1, bidirectional=False, batch_first=False, bias=True, dropout=0.0,
+         dtype=torch.float32, device="cpu", **kw):
+    torch.manual_seed(input_size * 131 + hidden * 7 + layers)
+    ref = nn.LSTM(input_size, hidden, layers, bias=bias, batch_first=batch_first, dropout=dropout,
+                  bidirectional=bidirectional, dtype=dtype, device=device, **kw)
+    ours = hfnn.nn.LSTM(input_size, hidden, layers, bias=bias, batch_first=batch_first, dropout=dropout,
+                        bidirectional=bidirectional, dtype=dtype, device=device, **kw)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def inputs(m, batch, steps, with_state, dtype=torch.float32, device="cpu"):
+    dirs = 2 if m.bidirectional else 1
+    shape = (batch, steps, m.input_size) if m.batch_first else (steps, batch, m.input_size)
+    x = torch.randn(shape, dtype=dtype, device=device)
+    hx = None
+    if with_state:
+        hx = tuple(torch.randn(m.num_layers * dirs, batch, m.hidden_size, dtype=dtype, device=device) for _ in range(2))
+    return x, hx
+
+
+def run(m, x, hx, grads=None, use=("y", "h", "c")):
+    """Output, h_n, c_n and the gradients of x, h0, c0 and every parameter (in order) for the loss
+    sum(out * grad) over the outputs named in `use`."""
+    x = x.detach().clone().requires_grad_()
+    hx = None if hx is None else tuple(t.detach().clone().requires_grad_() for t in hx)
+    y, (h, c) = m(x, hx)
+    outs = {"y": y, "h": h, "c": c}
+    if grads is None:
+        torch.manual_seed(99)
+        grads = {k: torch.randn_like(v) for k, v in outs.items()}
+    leaves = [x] + ([] if hx is None else list(hx)) + list(m.parameters())
+    g = torch.autograd.grad([outs[k] for k in use], leaves, [grads[k] for k in use], allow_unused=True)
+    return (y, h, c), g, grads
+
+
+def assert_same(ref, ours, x, hx, tol=2e-5, use=("y", "h", "c")):
+    (y_r, h_r, c_r), g_r, grads = run(ref, x, hx, use=use)
+    (y, h, c), g, _ = run(ours, x, hx, grads, use=use)
+    assert y.shape == y_r.shape and h.shape == h_r.shape and c.shape == c_r.shape
+    assert y.dtype == y_r.dtype
+    for a, b in zip((y, h, c), (y_r, h_r, c_r)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert len(g) == len(g_r)
+    for i, (a, b) in enumerate(zip(g, g_r)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"gradient {i}: {m}")
+
+
+# ---- the glue, on the CPU with the stand-in ops ---------------------------------------------------------
+
+@pytest.mark.parametrize("layers,bidirectional,batch_first,bias,with_state", list(itertools.product(
+    [1, 2, 3], [False, True], [False, True], [True, False], [False, True])))
+def test_matches_torch_outputs_states_and_every_gradient(standin, counts, layers, bidirectional, batch_first, bias,
+                                                         with_state):
+    ref, ours = pair(5, 4, layers, bidirectional, batch_first, bias)
+    x, hx = inputs(ours, 3, 6, with_state)
+    assert_same(ref, ours, x, hx)
+    calls, fallbacks = counts
+    assert calls == {"persistent": 1} and not fallbacks
+    dirs = 2 if bidirectional else 1
+    fwd = [e for e in standin.log if e[0] == "fwd"]
+    bwd = [e for e in standin.log if e[0] == "bwd"]
+    assert len(fwd) == len(bwd) == layers * dirs
+    assert [e[2] for e in fwd] == [d == 1 for _ in range(layers) for d in range(dirs)]  # reverse per direction
+    assert [e[3] for e in fwd] == [(6, 3, 5 if i < dirs else 4 * dirs) for i in range(layers * dirs)]  # time-major
+    assert all(e[4] == with_state for e in fwd)
+
+
+@pytest.mark.parametrize("input_size,hidden,batch,steps", [(1, 1, 1, 1), (3, 2, 1, 1), (1, 7, 5, 2), (7, 3, 1, 9),
+                                                           (11, 13, 7, 5), (16, 17, 2, 3)])
+def test_batch_one_and_odd_sizes(standin, input_size, hidden, batch, steps):
+    for bidirectional, batch_first in ((False, True), (True, False)):
+        ref, ours = pair(input_size, hidden, 2, bidirectional, batch_first)
+        x, hx = inputs(ours, batch, steps, steps % 2 == 1)
+        assert_same(ref, ours, x, hx)
+
+
+@pytest.mark.parametrize("use", [("h",), ("c",), ("y",), ("h", "c")])
+def test_only_some_outputs_reach_the_loss(standin, use):
+    ref, ours = pair(4, 5, 2, True, True)
+    x, hx = inputs(ours, 2, 4, True)
+    assert_same(ref, ours, x, hx, use=use)
+    bwd = [e for e in standin.log if e[0] == "bwd"]
+    # h_n / c_n unused: the op is given None, not zeros.
+    top = [e for e in bwd if e[3][2] != 4]  # the second layer's nodes (input 2 x 5)
+    assert all(e[4] == ("h" in use) and e[5] == ("c" in use) for e in top), bwd
+
+
+def test_dropout_off_in_eval_and_between_layers_in_training(standin, counts):
+    ref, ours = pair(4, 6, 3, False, True, dropout=0.4)
+    ref.eval(), ours.eval()
+    x, hx = inputs(ours, 3, 5, True)
+    assert_same(ref, ours, x, hx)
+    # Training with p = 1: every layer's output but the last is zeroed, as torch's LSTM does.
+    ref1, ours1 = pair(4, 6, 2, False, True, dropout=1.0)
+    x, _ = inputs(ours1, 3, 5, False)
+    torch.testing.assert_close(ours1(x)[0], ref1(x)[0], rtol=1e-5, atol=1e-5)
+    # The last layer's output is not dropped: p = 0.5 leaves it dense, and the result is random.
+    _, ours2 = pair(4, 6, 2, False, True, dropout=0.5)
+    a, b = ours2(x)[0], ours2(x)[0]
+    assert (a != 0).all() and not torch.equal(a, b)
+    ours2.eval()
+    assert torch.equal(ours2(x)[0], ours2(x)[0])
+
+
+def test_autocast_computes_in_the_autocast_dtype(standin):
+    """As cuDNN's LSTM under autocast: input, states and weights cast once, outputs in the autocast
+    dtype, parameter gradients in the parameters' dtype. (torch's own CPU LSTM under autocast is not
+    the reference: oneDNN refuses it on some CPUs; the GPU test compares with cuDNN.)"""
+    ref, ours = pair(8, 6, 2, True, True)
+    x, hx = inputs(ours, 3, 5, True)
+    xl = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, (h, c) = ours(xl, hx)
+    assert y.dtype == h.dtype == c.dtype == torch.bfloat16
+    (y.float().sum() + h.float().sum()).backward()
+    assert xl.grad.dtype == torch.float32 and all(p.grad.dtype == torch.float32 for p in ours.parameters())
+    fwd = [e for e in standin.log if e[0] == "fwd"]
+    assert len(fwd) == 4
+    # The same module in bfloat16, run without autocast: the same computation.
+    low = copy.deepcopy(ref).bfloat16()
+    hfnn.to_hfnn(low)
+    y_low, (h_low, _) = low(x.bfloat16(), tuple(t.bfloat16() for t in hx))
+    torch.testing.assert_close(y, y_low, rtol=0, atol=0)
+    torch.testing.assert_close(y.float(), ref(x, hx)[0], rtol=3e-2, atol=3e-2)
+
+
+def test_no_grad_builds_no_graph_and_in_place_on_the_output_works(standin):
+    _, ours = pair(4, 5, 2, True, True)
+    x, _ = inputs(ours, 2, 3, False)
+    with torch.no_grad():
+        y, (h, c) = ours(x)
+    assert y.grad_fn is None and h.grad_fn is None
+    with torch.inference_mode():
+        assert ours(x)[0].grad_fn is None
+    xl = x.clone().requires_grad_()
+    y, _ = ours(xl)
+    y.mul_(2)
+    y.sum().backward()
+    assert torch.isfinite(xl.grad).all()
+
+
+def test_double_backward_is_a_clear_error(standin):
+    _, ours = pair(4, 5)
+    x = torch.randn(3, 2, 4, requires_grad=True)
+    y, _ = ours(x)
+    g, = torch.autograd.grad(y.square().sum(), x, create_graph=True)  # dy depends on y: a graph to go through
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.sum().backward()
+
+
+def test_bad_arguments_give_torchs_errors(standin):
+    ref, ours = pair(4, 5, 2)
+    x = torch.randn(3, 2, 4)
+    bad_calls = [(torch.randn(3, 2, 7), None), (x.double(), None), (x, (torch.randn(2, 2, 5), torch.randn(2, 3, 5))),
+                 (x, (torch.randn(2, 5), torch.randn(2, 5))), (x, (torch.randn(3, 2, 5), torch.randn(3, 2, 5)))]
+    for bad_x, bad_hx in bad_calls:
+        with pytest.raises((RuntimeError, ValueError)) as want:
+            ref(bad_x, bad_hx)
+        with pytest.raises(want.type) as got:
+            ours(bad_x, bad_hx)
+        assert str(got.value) == str(want.value)
+
+
+# ---- the choice of variant ----------------------------------------------------------------------------
+
+def test_builtin_choice_is_persistent_where_it_takes_the_layer_else_steps(standin, counts):
+    # persistent takes inputs of at most 6 features here: layer 0 (input 9) runs steps, layers 1-2 persistent.
+    standin.supports_fn = lambda x, w_hh, v: v == "steps" or x.shape[2] <= 6
+    ref, ours = pair(9, 3, 3)
+    x, hx = inputs(ours, 2, 4, True)
+    assert_same(ref, ours, x, hx)
+    fwd = [e[1] for e in standin.log if e[0] == "fwd"]
+    bwd = [e[1] for e in standin.log if e[0] == "bwd"]
+    assert fwd == ["steps", "persistent", "persistent"] and sorted(bwd) == sorted(fwd)  # each backward its forward's
+    assert counts[0] == {"steps": 1}  # counted by the first layer's variant
+
+
+def test_no_variant_takes_it_runs_torch_exactly(standin, counts):
+    standin.supports_fn = lambda x, w_hh, v: x.shape[2] != 5  # refuses the second layer's input (5)
+    ref, ours = pair(4, 5, 2)
+    x, hx = inputs(ours, 2, 3, True)
+    y_r, (h_r, c_r) = ref(x, hx)
+    y, (h, c) = ours(x, hx)
+    assert torch.equal(y, y_r) and torch.equal(h, h_r) and torch.equal(c, c_r)
+    assert counts == ({"torch": 1}, {"input no variant takes": 1})
+
+
+# ---- every fall-back: torch's forward, its result exactly, the reason counted -----------------------------
+
+FALLBACKS = {
+    "CPU tensor": "cpu",
+    "PackedSequence": "packed",
+    "proj_size": "proj",
+    "unbatched input": "unbatched",
+    "dtype not float32/bfloat16/float16": "float64",
+    "torch won the tuning": "table_torch",
+    "winner refused the input": "table_refused",
+    "torch.compile": "compiling",
+}
+
+
+@pytest.mark.parametrize("why", list(FALLBACKS))
+def test_each_fallback_runs_torchs_forward_with_its_reason(standin, counts, monkeypatch, why):
+    case = FALLBACKS[why]
+    dtype = torch.float64 if case == "float64" else torch.float32
+    ref, ours = pair(4, 5, 2, True, True, dtype=dtype, proj_size=3 if case == "proj" else 0)
+    if case == "cpu":
+        monkeypatch.setattr(hfnn.nn, "_lstm_takes_cpu", False)
+    if case.startswith("table"):
+        monkeypatch.setattr(hfnn._dispatch, "active", True)
+        key = (4, 5, 2, 2, 3, torch.float32, True, True, True, False)
+        standin.table[key] = "torch" if case == "table_torch" else "persistent"
+        if case == "table_refused":
+            standin.supports_fn = lambda x, w_hh, v: v != "persistent"
+    if case == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x, hx = inputs(ours, 2, 3, True, dtype=dtype)
+    if case == "proj":
+        hx = (hx[0][..., :3].contiguous(), hx[1])
+    if case == "unbatched":
+        x, hx = x[0], tuple(t[:, 0] for t in hx)
+    if case == "packed":
+        x = pack_padded_sequence(x, torch.tensor([3, 2]), batch_first=True)
+    y_r, (h_r, c_r) = ref(x, hx)
+    y, (h, c) = ours(x, hx)
+    if case == "packed":
+        y, y_r = y.data, y_r.data
+    assert torch.equal(y, y_r) and torch.equal(h, h_r) and torch.equal(c, c_r)
+    assert counts == ({"torch": 1}, {why: 1})
+    assert not [e for e in standin.log if e[0] == "fwd"]
+
+
+@pytest.mark.skipif(REAL_OPS, reason="this op library has LSTM kernels")
+def test_without_the_ops_every_call_runs_torch(counts):
+    ref, ours = pair(4, 5, 2, True, True)
+    x, hx = inputs(ours, 2, 3, True)
+    y_r, (h_r, c_r) = ref(x, hx)
+    y, (h, c) = ours(x, hx)
+    assert torch.equal(y, y_r) and torch.equal(h, h_r) and torch.equal(c, c_r)
+    assert counts == ({"torch": 1}, {"op library has no LSTM kernels": 1})
+    stats = hfnn.dispatch_stats()["ops"]["lstm"]
+    assert stats["calls"]["train"] == {"torch": 1}
+    assert stats["fallbacks"]["train"] == {"op library has no LSTM kernels": 1}
+
+
+# ---- to_hfnn / to_torch -------------------------------------------------------------------------------
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 6)
+        self.lstm = nn.LSTM(6, 5, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(10, 3)
+
+    def forward(self, tokens):
+        return self.head(self.lstm(self.embed(tokens))[0])
+
+
+def test_to_hfnn_and_back_keeps_parameters_state_dict_and_outputs(standin, counts):
+    torch.manual_seed(0)
+    model = Tagger()
+    tokens = torch.randint(0, 20, (3, 7))
+    want = model(tokens)
+    params = dict(model.named_parameters())
+    flat = list(model.lstm._flat_weights)
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    assert hfnn.to_hfnn(model) is model
+    assert type(model.lstm) is hfnn.nn.LSTM and isinstance(model.lstm, nn.LSTM)
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert all(a is b for a, b in zip(model.lstm._flat_weights, flat))
+    assert model.lstm.flatten_parameters.__func__ is nn.LSTM.flatten_parameters
+    torch.testing.assert_close(model(tokens), want, rtol=2e-5, atol=2e-5)
+    assert counts[0] == {"persistent": 1}
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)  # an hfnn checkpoint loads into torch's model and back
+    buf.seek(0)
+    plain = Tagger()
+    plain.load_state_dict(torch.load(buf))
+    assert torch.equal(plain(tokens), want)
+    assert hfnn.to_torch(model) is model
+    assert type(model.lstm) is nn.LSTM
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert list(model.state_dict()) == list(keys) and all(torch.equal(v, keys[k]) for k, v in model.state_dict().items())
+    assert torch.equal(model(tokens), want)
+
+
+def test_subclasses_are_left_alone():
+    class MyLSTM(nn.LSTM):
+        pass
+
+    model = nn.Sequential(MyLSTM(3, 4), nn.LSTM(3, 4))
+    hfnn.to_hfnn(model)
+    assert type(model[0]) is MyLSTM and type(model[1]) is hfnn.nn.LSTM
+
+
+def test_constructed_like_torchs():
+    kw = dict(num_layers=2, bias=False, batch_first=True, dropout=0.1, bidirectional=True, proj_size=2,
+              dtype=torch.float64)
+    ours, ref = hfnn.nn.LSTM(5, 4, **kw), nn.LSTM(5, 4, **kw)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    assert [p.shape for p in ours.parameters()] == [p.shape for p in ref.parameters()]
+    assert repr(ours).replace("hfnn.nn.", "") == repr(ref) or repr(ours).startswith("LSTM(")
+
+
+# ---- HFNN_DISPATCH_DB: plain nn.LSTM routed by the table ------------------------------------------------------
+
+@pytest.fixture
+def routed(standin, monkeypatch):
+    """install_dispatch() as the start-up hook runs it under HFNN_DISPATCH_DB with LSTM keys in the table
+    (the table answered by the stand-in's lstm_choose); undone after the test."""
+    monkeypatch.setattr(nn.LSTM, "forward", nn.LSTM.forward)  # restored at the end
+    monkeypatch.setattr(lstm_family, "torch_forward", None)
+    monkeypatch.setattr(hfnn._dispatch, "active", True)
+    monkeypatch.setattr(hfnn._dispatch, "policy", "torch")
+    assert not lstm_family.install_dispatch({"ops": {"lstm": {"keys": 0}}})  # no LSTM keys: left alone
+    assert lstm_family.install_dispatch({"ops": {"lstm": {"keys": 3}}})
+    assert not lstm_family.install_dispatch({"ops": {"lstm": {"keys": 3}}})  # once
+    return standin
+
+
+def key_of(m, batch, steps, dtype=torch.float32):
+    return (m.input_size, m.hidden_size, m.num_layers, batch, steps, dtype, m.bidirectional, m.batch_first, m.bias,
+            bool(m.dropout > 0 and m.training and m.num_layers > 1))
+
+
+def test_dispatch_routes_plain_modules_by_the_table(routed, counts, monkeypatch):
+    assert hasattr(nn.LSTM.forward, "__wrapped__")
+    won = nn.LSTM(4, 5, 2, batch_first=True)          # the table: "steps"
+    lost = nn.LSTM(4, 5, bidirectional=True)           # the table: torch
+    untuned = nn.LSTM(3, 2)                            # not in the table
+    routed.table[key_of(won, 2, 6)] = "steps"
+    routed.table[key_of(lost, 3, 4)] = "torch"
+    for m, shape in ((won, (2, 6, 4)), (lost, (4, 3, 4)), (untuned, (5, 2, 3))):
+        x = torch.randn(shape)
+        ref = copy.deepcopy(m)
+        monkeypatch.setattr(ref, "forward", lstm_family.torch_forward.__get__(ref))
+        y_r, (h_r, c_r) = ref(x)
+        y, (h, c) = m(x)
+        torch.testing.assert_close(y, y_r, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(h, h_r, rtol=2e-5, atol=2e-5)
+    assert [e[1] for e in routed.log if e[0] == "fwd"] == ["steps", "steps"]
+    calls, fallbacks = counts
+    assert calls == {"steps": 1, "torch": 2}
+    assert fallbacks == {"torch won the tuning": 1, "shape not tuned": 1}
+    stats = hfnn.dispatch_stats()["ops"]["lstm"]
+    assert stats["calls"]["train"] == {"steps": 1, "torch": 2}
+    assert stats["fallbacks"]["train"] == {"torch won the tuning": 1, "shape not tuned": 1}
+    assert "LSTM forward + backward: 3 calls" in hfnn._dispatch.summary(dict(hfnn.dispatch_stats(), active=True, db="x",
+                                                                            keys=3, policy="torch"))
+
+
+def test_dispatch_policy_heuristic_and_hfnn_modules_run_the_builtin_choice(routed, counts, monkeypatch):
+    untuned = nn.LSTM(3, 2)
+    ours = hfnn.to_hfnn(nn.LSTM(3, 2))
+    x = torch.randn(5, 2, 3)
+    ours(x)  # hfnn's module: a key without a winner runs the built-in choice
+    monkeypatch.setattr(hfnn._dispatch, "policy", "heuristic")
+    untuned(x)
+    assert counts == ({"persistent": 2}, {})
+    # hfnn's module falls back to torch's own forward, not the wrapper: one count per call.
+    routed.table[key_of(ours, 2, 5)] = "torch"
+    ours(x)
+    assert counts == ({"persistent": 2, "torch": 1}, {"torch won the tuning": 1})
+
+
+def test_training_mode_dropout_is_part_of_the_key(routed):
+    m = nn.LSTM(3, 4, 2, dropout=0.3)
+    x = torch.randn(5, 2, 3)
+    m(x)
+    m.eval()
+    m(x)
+    chosen = [e[1] for e in routed.log if e[0] == "choose"]
+    assert [k[-1] for k in chosen] == [True, False]
+
+
+def test_stats_have_the_lstm_family_with_the_op_library_or_without(counts, monkeypatch):
+    monkeypatch.setattr(hfnn._ops, "available", False)
+    counts[0]["torch"] += 2
+    counts[1]["CPU tensor"] += 2
+    stats = hfnn.dispatch_stats()
+    assert stats["ops"]["lstm"] == {"title": "LSTM", "keys": 0, "calls": {"train": {"torch": 2}},
+                                    "fallbacks": {"train": {"CPU tensor": 2}}}
+
+
+# ---- the family's key, as kernels/lstm/lstm_family.cpp writes it ------------------------------------------------
+
+def test_parse_key():
+    k = lstm_family.parse_key("input=985,hidden=985,layers=1,bidirectional=0,batch=4,steps=1000,batch_first=1,"
+                              "bias=1,dropout=0")
+    assert k == {"input": 985, "hidden": 985, "layers": 1, "bidirectional": False, "batch": 4, "steps": 1000,
+                 "batch_first": True, "bias": True, "dropout": False}
+    for bad in ["input=985,hidden=985", "input=0,hidden=4,layers=1,bidirectional=0,batch=4,steps=10,batch_first=1,"
+                "bias=1,dropout=0", "input=4,hidden=4,layers=1,bidirectional=0,batch=4,steps=10,batch_first=1,bias=1,"
+                "dropout=1", "hidden=4,input=4,layers=1,bidirectional=0,batch=4,steps=10,batch_first=1,bias=1,dropout=0"]:
+        with pytest.raises(ValueError, match="not an LSTM key"):
+            lstm_family.parse_key(bad)
+
+
+def test_the_family_is_listed_and_swaps_lstm():
+    from hfnn import _families
+
+    assert _families.find("lstm") is lstm_family and lstm_family in _families.ALL
+    assert lstm_family.swaps() == {nn.LSTM: hfnn.nn.LSTM}
+    assert all(hasattr(lstm_family, f) for f in ("measure", "install_dispatch", "add_stats", "parse_key"))
+
+
+# ---- GPU: the real ops ----------------------------------------------------------------------------------------
+
+requires_lstm_ops = pytest.mark.skipif(
+    _gpu_skip_reason() is not None or not REAL_OPS,
+    reason=_gpu_skip_reason() or "this op library has no LSTM kernels (no hfnn::lstm_layer_fwd)")
+
+# Largest error against float64 (max|out - ref| / max|ref|), as the tuner's gate
+# (kernels/lstm/lstm_family.cpp); and never worse than 4x torch's own module in the same dtype.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+HIDDEN = [*range(1, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025]
+BATCH = [1, 2, 3, 5, 8, 31, 32, 33, 64, 128]
+STEPS = [1, 2, 7, 64]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-6)).item()
+
+
+def gpu_errors(m, variant, x, hx, dtype, grads=None):
+    """Errors of `variant` ("torch": the module's torch path) against m in float64 on the GPU:
+    output, h_n, c_n, then the gradients of x, h0, c0 and every parameter."""
+    m64 = copy.deepcopy(m).double()
+    nn.LSTM.flatten_parameters(m64)
+    (y64, h64, c64), g64, grads = run(m64, x.double(), tuple(t.double() for t in hx))
+    low = {k: v.to(dtype) for k, v in grads.items()}
+    xl = x.to(dtype).requires_grad_()
+    hxl = tuple(t.to(dtype).requires_grad_() for t in hx)
+    for p in m.parameters():
+        p.grad = None
+    if variant == "torch":
+        y, (h, c) = (lstm_family.torch_forward or nn.LSTM.forward)(m, xl, hxl)
+    else:
+        y, (h, c), _ = hfnn.nn._lstm_run(m, xl, hxl, variant)
+    torch.autograd.backward([y, h, c], [low["y"], low["h"], low["c"]])
+    got = [y, h, c, xl.grad, *(t.grad for t in hxl), *(p.grad for p in m.parameters())]
+    ref = [y64, h64, c64, *g64]
+    return [rel(a, b) for a, b in zip(got, ref)]
+
+
+def gpu_check(m, x, hx, dtype, failures, label):
+    errs_torch = gpu_errors(m, "torch", x, hx, dtype)
+    ran = []
+    xt = (x.transpose(0, 1) if m.batch_first else x).to(dtype).contiguous()
+    for v in torch.ops.hfnn.lstm_variants():
+        if not torch.ops.hfnn.lstm_supports(xt, m.weight_hh_l0, v):
+            continue
+        ran.append(v)
+        errs = gpu_errors(m, v, x, hx, dtype)
+        for i, (e, et) in enumerate(zip(errs, errs_torch)):
+            if e > max(TOLERANCE[dtype], 4 * et):
+                failures.append(f"{label} {v} output#{i}: {e:.2e} (torch {et:.2e})")
+    return ran
+
+
+@requires_lstm_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_gpu_every_variant_over_a_dense_sweep(dtype):
+    """hidden 1..17 and around every power of two to 1025, batch 1..128, steps 1..64, layers 1-2,
+    bidirectional and batch_first both ways, in turn (not the full product: a few hundred cases)."""
+    failures, ran = [], collections.Counter()
+    cases = 0
+    for i, hidden in enumerate(HIDDEN):
+        for j, batch in enumerate(BATCH):
+            if (i + j) % 3:  # a third of the hidden x batch grid, every size of each seen
+                continue
+            steps = STEPS[(i + 2 * j) % len(STEPS)]
+            layers, bidirectional, batch_first = 1 + (i + j) % 2, bool(j % 2), bool(i % 2)
+            input_size = [hidden, 1, 64, 3 * hidden + 1][(i + j) % 4]
+            torch.manual_seed(i * 100 + j)
+            m = nn.LSTM(input_size, hidden, layers, batch_first=batch_first, bidirectional=bidirectional,
+                        device="cuda", dtype=dtype)
+            x, hx = inputs(m, batch, steps, True, dtype=torch.float32, device="cuda")
+            label = f"I={input_size} H={hidden} B={batch} T={steps} L={layers} bi={bidirectional} bf={batch_first}"
+            for v in gpu_check(m, x, hx, dtype, failures, label):
+                ran[v] += 1
+            cases += 1
+    assert not failures, "\n".join(failures[:40])
+    print(f"{dtype}: {cases} cases, variants ran on {dict(ran)}")
+    assert ran["steps"] + ran["persistent"] > 0
+
+
+@requires_lstm_ops
+@pytest.mark.parametrize("layers,bidirectional,batch_first,bias,with_state", [
+    (1, False, True, True, False), (2, True, False, True, True), (3, False, False, False, True),
+    (2, True, True, False, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_module_against_torchs_module(counts, dtype, layers, bidirectional, batch_first, bias, with_state):
+    ref, ours = pair(48, 64, layers, bidirectional, batch_first, bias, dtype=dtype, device="cuda")
+    x, hx = inputs(ours, 5, 33, with_state, dtype=dtype, device="cuda")
+    tol = 2e-3 if dtype == torch.float32 else 6e-2
+    (y_r, h_r, c_r), g_r, grads = run(ref, x, hx)
+    (y, h, c), g, _ = run(ours, x, hx, grads)
+    assert not counts[1], dict(counts[1])
+    assert sum(counts[0].values()) == 1 and "torch" not in counts[0]
+    for a, b in zip((y, h, c, *g), (y_r, h_r, c_r, *g_r)):
+        assert rel(a, b) < tol
+
+
+@requires_lstm_ops
+def test_gpu_autocast_matches_cudnn_under_autocast(counts):
+    ref, ours = pair(64, 96, 2, True, True, device="cuda")
+    x, hx = inputs(ours, 4, 20, True, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y_r, (h_r, c_r) = ref(x, hx)
+        y, (h, c) = ours(x, hx)
+    assert y.dtype == y_r.dtype and h.dtype == h_r.dtype and c.dtype == c_r.dtype
+    for a, b in ((y, y_r), (h, h_r), (c, c_r)):
+        assert rel(a, b) < 5e-2
+    assert not counts[1]
+
+
+@requires_lstm_ops
+def test_gpu_flatten_parameters_and_the_swap_keep_cudnns_flat_weights():
+    import warnings
+
+    m = nn.LSTM(16, 32, 2, batch_first=True, device="cuda")
+    ptrs = [p.data_ptr() for p in m._flat_weights]
+    hfnn.to_hfnn(m)
+    m.flatten_parameters()
+    assert [p.data_ptr() for p in m._flat_weights] == ptrs
+    x = torch.randn(3, 5, 16, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "weights are not part of single contiguous chunk"
+        hfnn.to_torch(m)(x)
+
+
+@requires_lstm_ops
+def test_gpu_measure_times_torch_and_every_variant_and_rejects_the_planted_one():
+    key = "input=64,hidden=96,layers=2,bidirectional=1,batch=3,steps=17,batch_first=1,bias=1,dropout=1"
+    r = lstm_family.measure(torch, hfnn, {"key": key, "dtype": "float32", "passes": ["train"], "seconds": 1.0},
+                            torch.cuda.get_device_properties(0).L2_cache_size, plant=True)
+    by = {c["name"]: c for c in r["candidates"]}
+    assert "torch" in by and "planted_wrong" in by and len(by) >= 3, by
+    for name, c in by.items():
+        assert c.get("ran", True), (name, c)
+        assert len(c["samples_us"]) >= 7 and min(c["samples_us"]) > 0 and c["pass"] == "train"
+    tol = max(1e-3, 2 * by["torch"]["max_error"])
+    for name, c in by.items():
+        if name != "planted_wrong":
+            assert c["max_error"] <= tol, (name, c["max_error"])
+    assert by["planted_wrong"]["max_error"] > tol
