@@ -12,8 +12,13 @@ shape, over a dense sweep of sizes and every dtype, against float64 and against 
 """
 import collections
 import copy
+import importlib.util
 import io
 import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -452,6 +457,76 @@ def test_the_family_is_listed_and_swaps_lstm():
     assert _families.find("lstm") is lstm_family and lstm_family in _families.ALL
     assert lstm_family.swaps() == {nn.LSTM: hfnn.nn.LSTM}
     assert all(hasattr(lstm_family, f) for f in ("measure", "install_dispatch", "add_stats", "parse_key"))
+
+
+@pytest.mark.parametrize("key,dtype", [
+    ("input=5,hidden=4,layers=2,bidirectional=1,batch=3,steps=6,batch_first=1,bias=1,dropout=1", "float32"),
+    ("input=3,hidden=6,layers=1,bidirectional=0,batch=2,steps=5,batch_first=0,bias=0,dropout=0", "bfloat16"),
+])
+def test_measure_gates_every_candidate_against_float64(standin, monkeypatch, key, dtype):
+    """The tune worker's answer, on the CPU with the stand-in ops: torch's module and both variants
+    timed and within the family's tolerance, the planted wrong candidate far outside it."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    r = lstm_family.measure(torch, hfnn, {"key": key, "dtype": dtype, "passes": ["train"], "seconds": 0.2}, 1 << 16,
+                            plant=True, device="cpu")
+    assert r["key"] == key and r["op"] == "lstm" and r["dtype"] == dtype
+    by = {c["name"]: c for c in r["candidates"]}
+    assert list(by) == ["torch", "persistent", "steps", "planted_wrong"], by
+    tol = {"float32": 1e-3, "bfloat16": 5e-2}[dtype]
+    for name, c in by.items():
+        assert c.get("ran", True) and c["pass"] == "train" and len(c["samples_us"]) >= 7, (name, c)
+        assert (c["max_error"] <= tol) == (name != "planted_wrong"), (name, c["max_error"])
+    standin.supports_fn = lambda x, w_hh, v: v == "steps"
+    r = lstm_family.measure(torch, hfnn, {"key": key, "dtype": dtype, "seconds": 0.1}, 1 << 16, plant=False,
+                            device="cpu")
+    assert [c["name"] for c in r["candidates"]] == ["torch", "steps"]
+
+
+def test_measure_refuses_what_is_not_a_key_or_a_tunable_dtype():
+    key = "input=5,hidden=4,layers=1,bidirectional=0,batch=3,steps=6,batch_first=1,bias=1,dropout=0"
+    with pytest.raises(ValueError, match="not tunable"):
+        lstm_family.measure(torch, hfnn, {"key": key, "dtype": "float64"}, 1 << 16, plant=False, device="cpu")
+    with pytest.raises(ValueError, match="not an LSTM key"):
+        lstm_family.measure(torch, hfnn, {"key": "rows=4,D=8,affine=1", "dtype": "float32"}, 1 << 16, plant=False)
+
+
+# ---- bench/lstm.py, the parts that run without a GPU ----------------------------------------------------------
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "lstm.py"
+
+
+def bench_module():
+    spec = importlib.util.spec_from_file_location("bench_lstm", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark runs")
+def test_bench_says_it_needs_a_gpu():
+    out = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "needs a GPU" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_help_teaches_and_the_map_plots(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "cudnn" in out.stdout and "--grid" in out.stdout and "Examples" in out.stdout
+    bench = bench_module()
+    assert [bench.gpu_slug(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3")] == ["h200", "h100"]
+    records = []
+    for hidden, batch, cand, ms in [(128, 1, "cudnn", 2.0), (128, 1, "persistent", 0.5), (128, 1, "steps", 1.0),
+                                    (4096, 256, "cudnn", 2.0), (4096, 256, "steps", 4.0)]:
+        for pass_ in ("fwd", "bwd"):
+            records.append({"gpu": "NVIDIA H200", "config": [hidden, hidden, batch, 100], "dtype": "bfloat16",
+                            "pass": pass_, "candidate": cand, "median_ms": ms, "grid": True, "correct": True})
+    assert bench.speedups(records) == {"bfloat16": {(128, 1): (4.0, "persistent"), (4096, 256): (0.5, "steps")}}
+    (tmp_path / "grid.json").write_text(json.dumps(records))
+    out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "grid.json"), "--plot",
+                          str(tmp_path / "map.svg")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    svg = (tmp_path / "map.svg").read_text()
+    assert svg.startswith("<svg") and ">4.00<" in svg and ">0.50<" in svg and "bfloat16" in svg
+    assert "not measured" in svg  # (128, 256) and (4096, 1) were not timed
 
 
 # ---- GPU: the real ops ----------------------------------------------------------------------------------------

@@ -73,8 +73,10 @@ def _leaves(tensors):
     return [t.detach().clone().requires_grad_() for t in tensors]
 
 
-def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
-    """One tune request's answer: every candidate's timing samples and error, for the "train" pass."""
+def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "cuda") -> dict:
+    """One tune request's answer: every candidate's timing samples and error, for the "train" pass.
+    The tune worker measures on the GPU; tests/python/test_lstm.py runs it on the CPU (device="cpu",
+    with stand-in ops and a no-op torch.cuda.synchronize)."""
     from torch import nn
 
     from .. import nn as hfnn_nn
@@ -86,15 +88,15 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
     p = TIMING_DROPOUT if k["dropout"] else 0.0
     bf, dirs = k["batch_first"], 2 if k["bidirectional"] else 1
     torch.manual_seed(0)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     module = nn.LSTM(k["input"], k["hidden"], k["layers"], bias=k["bias"], batch_first=bf, dropout=p,
-                     bidirectional=k["bidirectional"], device="cuda", dtype=dtype).train()
+                     bidirectional=k["bidirectional"], device=device, dtype=dtype).train()
     x_shape = (k["batch"], k["steps"], k["input"]) if bf else (k["steps"], k["batch"], k["input"])
     y_shape = x_shape[:2] + (dirs * k["hidden"],)
     state_shape = (k["layers"] * dirs, k["batch"], k["hidden"])
 
     def draw(shape, grad=False):
-        return torch.randn(*shape, device="cuda", generator=gen).to(dtype).requires_grad_(grad)
+        return torch.randn(*shape, device=device, generator=gen).to(dtype).requires_grad_(grad)
 
     esize = torch.empty(0, dtype=dtype).element_size()
     set_bytes = max(1, (math.prod(x_shape) + math.prod(y_shape)) * esize)
@@ -125,7 +127,7 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool) -> dict:
     x64, h064, c064 = (t.detach().cpu().double().requires_grad_() for t in (xc, h0c, c0c))
     y64, (h64, c64) = ref(x64, (h064, c064))
     torch.autograd.backward([y64, h64, c64], [t.cpu().double() for t in (dyc, dhc, dcc)])
-    refs = [t.detach().to("cuda") for t in [y64, h64, c64, x64.grad, h064.grad, c064.grad]
+    refs = [t.detach().to(device) for t in [y64, h64, c64, x64.grad, h064.grad, c064.grad]
             + [q.grad for q in ref.parameters()]]
     del ref
 
