@@ -3,10 +3,12 @@
 
     python3 bench/e2e.py --out bench/results/e2e-h200.json                # one GPU
     python3 bench/e2e.py --nproc 2 --out bench/results/e2e-h200-x2.json   # torchrun, two GPUs
+    python3 bench/e2e.py --example lstm_lm --out bench/results/e2e-lstm-h200.json   # the LSTM model
 
-On the bundled Evoformer example (full size), same seed and data in every run:
+On a bundled example (full size; --example: evoformer, the default, or lstm_lm, whose nn.LSTM has
+the seed's LSTM shape; --layers N stacks its LSTM), same seed and data in every run:
   1. hfnn profile   the example (under torchrun with --nproc > 1) -> shapes.db
-  2. hfnn tune      its LayerNorm keys; the projected speed-up comes from here
+  2. hfnn tune      its keys (LayerNorm, LSTM, ...); the projected speed-up comes from here
   3. train --steps with torch's kernels, then the same with HFNN_DISPATCH_DB=shapes.db, alternating
      --repeats times so drift in clocks or temperature hits both alike
 The result is a JSON object: gpu, world_size, dtype, tf32, steps, torch_step_ms, hfnn_step_ms
@@ -33,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 from _bench import require_hfnn, run, write_result  # noqa: E402
-EXAMPLE = ROOT / "examples" / "evoformer.py"
+# The examples this runs: --example's choices, each a training script taking the harness's options.
+EXAMPLES = {"evoformer": ROOT / "examples" / "evoformer.py", "lstm_lm": ROOT / "examples" / "lstm_lm.py"}
 
 
 
@@ -73,8 +76,20 @@ def svg_plot(torch_run, hfnn_run, title):
     return "\n".join(parts) + "\n"
 
 
-def main():
+def example_command(args) -> list:
+    """The example's script and the options every run of it shares (profile and both trainings)."""
+    cmd = [str(EXAMPLES[args.example]), "--dtype", args.dtype, *(["--tf32"] if args.tf32 else [])]
+    if args.layers is not None:
+        if args.example != "lstm_lm":
+            sys.exit(f"bench/e2e.py: --layers is the LSTM example's option (--example lstm_lm), not {args.example}'s")
+        cmd += ["--layers", str(args.layers)]
+    return cmd
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--example", choices=sorted(EXAMPLES), default="evoformer", help="which bundled training script")
+    ap.add_argument("--layers", type=int, help="stacked LSTM layers (--example lstm_lm; its default: 1)")
     ap.add_argument("--nproc", type=int, default=1, help="GPUs (torchrun) for every step")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores, as in the seeds' profile")
@@ -83,14 +98,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="torch/hfnn run pairs, alternating")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path, help="write an SVG of step time and loss here")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main():
+    args = parse_args()
+    example = example_command(args)
     hfnn = require_hfnn()
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="hfnn-e2e-"))
     db = work / "shapes.db"
     base_env = {k: v for k, v in os.environ.items() if k not in ("HFNN_DISPATCH_DB", "HFNN_PROFILE_DIR")}
-    example = [str(EXAMPLE), "--dtype", args.dtype, *(["--tf32"] if args.tf32 else [])]
     port = 29600
 
     # 1. profile, 2. tune
@@ -130,7 +149,7 @@ def main():
     gpu = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
     result = {
         "gpu": gpu, "torch": torch.__version__, "date": dt.date.today().isoformat(),
-        "example": EXAMPLE.name, "dtype": args.dtype, "tf32": args.tf32, "world_size": args.nproc, "steps": args.steps,
+        "example": EXAMPLES[args.example].name, "dtype": args.dtype, "layers": args.layers, "tf32": args.tf32, "world_size": args.nproc, "steps": args.steps,
         "repeats": args.repeats,
         "torch_step_ms": round(torch_ms, 3), "hfnn_step_ms": round(hfnn_ms, 3),
         "measured_speedup": round(measured, 4), "best_run_speedup": round(best_run, 4),
@@ -154,7 +173,7 @@ def main():
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         args.plot.write_text(svg_plot(runs["torch"][0], runs["hfnn"][0],
-                                      f"Evoformer {args.dtype}{'+tf32' if args.tf32 else ''}, {gpu} x{args.nproc}: "
+                                      f"{args.example} {args.dtype}{'+tf32' if args.tf32 else ''}, {gpu} x{args.nproc}: "
                                       f"{torch_ms:.1f} -> {hfnn_ms:.1f} ms/step ({measured:.3f}x)"))
     write_result(result, args.out, leave_out=("runs", "tune_table"))
     shutil.rmtree(work, ignore_errors=True)

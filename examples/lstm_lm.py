@@ -2,7 +2,8 @@
 """A small LSTM language model training script: one of hfnn's examples.
 
     python3 examples/lstm_lm.py           # plain PyTorch
-    python3 examples/lstm_lm.py --hfnn    # the same model after hfnn.to_hfnn(model)
+    python3 examples/lstm_lm.py --hfnn    # the same model after hfnn.to_hfnn(model): hfnn.nn.LSTM
+    HFNN_DISPATCH_DB=shapes.db python3 examples/lstm_lm.py   # the LSTM key's tuned winner, no code change
 
 The model is pure PyTorch: an embedding, torch.nn.LSTM (batch_first=True) and a linear head over
 the vocabulary. At full size the LSTM has hfai.nn's seed LSTM benchmark shape: input 985 (the
@@ -10,9 +11,11 @@ embedding dim), hidden 985, batch 4, seq 1000, one layer by default (--layers 2 
 The small size (input 64, hidden 64, batch 4, seq 32) keeps the structure, so a step takes well
 under a second on a CPU.
 
-hfnn has no LSTM kernels yet: to_hfnn swaps LayerNorms, and this model has none, so --hfnn leaves
-it unchanged for now. The script is here so `hfnn profile` sees a recurrent model (aten::lstm and,
-on CUDA, cuDNN's RNN kernels), and so the LSTM can be timed the same way once kernels land.
+--hfnn swaps the nn.LSTM for hfnn.nn.LSTM (issue 12): on CUDA it runs hfnn's LSTM kernels where the
+op library has them (the built-in choice of variant), else torch's own LSTM with the reason counted
+in hfnn.nn.lstm_fallbacks (the header line says which). `hfnn profile` sees the plain model's
+recurrent calls (aten::lstm and, on CUDA, cuDNN's RNN kernels); bench/e2e.py --example lstm_lm runs
+it through profile, tune and HFNN_DISPATCH_DB.
 
 The task: next-token prediction on a fixed batch of seeded random tokens, with cross entropy and
 AdamW. The tokens carry nothing to learn beyond the batch itself; the loss falls as the model
@@ -68,9 +71,16 @@ def make_batch(cfg: Config, seed: int, device: torch.device) -> tuple[torch.Tens
 
 
 def swapped_note(hfnn: Any, model: nn.Module, device: torch.device) -> str:
-    # to_hfnn swaps LayerNorms only so far; say so rather than imply the LSTM runs hfnn's code.
-    swapped = sum(type(x).__module__.startswith("hfnn") for x in model.modules())
-    return f"{swapped} modules swapped (hfnn has no LSTM kernels yet)"
+    """How many LSTMs to_hfnn swapped, and whose kernels they run: say so rather than imply the LSTM
+    runs hfnn's code where it falls back to torch's."""
+    swapped = sum(isinstance(x, hfnn.nn.LSTM) for x in model.modules())
+    if device.type != "cuda":
+        kernels = "torch's LSTM on the CPU"
+    elif not hasattr(torch.ops.hfnn, "lstm_layer_fwd"):
+        kernels = "torch's LSTM: " + (hfnn.ops_error() or "this op library has no LSTM kernels")
+    else:
+        kernels = "hfnn's LSTM kernels"
+    return f"{swapped} LSTM(s), {kernels}"
 
 
 def main() -> None:
@@ -78,7 +88,7 @@ def main() -> None:
         __file__, "Train a small LSTM language model on fixed random tokens and time each step.",
         size_help="full: input 985 hidden 985 batch 4 seq 1000; small: input 64 hidden 64 batch 4 seq 32",
         options=lambda p: p.add_argument("--layers", type=harness.positive, default=1, help="stacked LSTM layers"),
-        hfnn_help="apply hfnn.to_hfnn(model) (no LSTM kernels yet: the model is unchanged)")
+        hfnn_help="apply hfnn.to_hfnn(model): the nn.LSTM runs hfnn's LSTM kernels (torch's where it cannot)")
     cfg = SIZES[size]
     model, hfnn_note = harness.apply_hfnn(LSTMLM(cfg, args.layers).to(device), args.hfnn, device, swapped_note)
     tokens, target = make_batch(cfg, args.seed, device)

@@ -16,6 +16,9 @@ import importlib.util
 import io
 import itertools
 import json
+import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +34,7 @@ from hfnn._families import lstm as lstm_family
 from lstm_standin import StandIn
 
 REAL_OPS = hasattr(torch.ops.hfnn, "lstm_layer_fwd")
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "lstm.py"
 
 
 @pytest.fixture
@@ -490,10 +494,127 @@ def test_measure_refuses_what_is_not_a_key_or_a_tunable_dtype():
         lstm_family.measure(torch, hfnn, {"key": "rows=4,D=8,affine=1", "dtype": "float32"}, 1 << 16, plant=False)
 
 
+# ---- the whole chain: hfnn profile, hfnn tune (the stand-in worker), HFNN_DISPATCH_DB ---------------------------
+
+HFNN = shutil.which("hfnn")
+SCRIPTS = Path(__file__).parent / "scripts"
+LSTM_TRAIN = SCRIPTS / "lstm_train.py"
+STEPS_TRAINED = 3
+
+
+def _cpp_family_reason():
+    if HFNN is None:
+        return "the hfnn executable is not on PATH: run scripts/setup.sh"
+    if not REAL_OPS or not hasattr(torch.ops.hfnn, "lstm_choose"):
+        return "this op library has no LSTM ops (lstm_layer_fwd, lstm_choose)"
+    if "lstm" not in json.loads(torch.ops.hfnn.dispatch_stats())["ops"]:
+        return "the op library's families (kernels/common/family.cpp) do not list lstm yet: hfnn tune has no LSTM keys"
+    if not hfnn.build_info().get("variants", {}).get("lstm"):
+        return "this build has no LSTM kernel variants (built without nvcc): hfnn tune skips LSTM keys"
+    return None
+
+
+requires_chain = pytest.mark.skipif(_cpp_family_reason() is not None, reason=_cpp_family_reason() or "")
+
+
+def chain(tmp_path, device, winner):
+    """profile lstm_train.py, then `hfnn tune` with the stand-in worker naming `winner` (or torch, by
+    timing it slower) for every key, for this machine's versions and GPU; returns the database."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HFNN_PROFILE_DIR", "HFNN_DISPATCH_DB")}
+    db = tmp_path / "shapes.db"
+    out = subprocess.run([HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable, str(LSTM_TRAIN), device,
+                          "2"], capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr
+    env.update(HFNN_TUNE_WORKER=str(SCRIPTS / "fake_tune_worker.py"), FAKE_TUNE_TORCH=torch.__version__,
+               FAKE_TUNE_CUDA=torch.version.cuda or "", FAKE_TUNE_HFNN=hfnn.__version__,
+               FAKE_TUNE_WINNER_TRAIN="steps" if winner == "torch" else winner,
+               FAKE_TUNE_GOOD_US="200" if winner == "torch" else "50")
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(FAKE_TUNE_GPU=props.name, FAKE_TUNE_CC=f"{props.major}.{props.minor}",
+                   FAKE_TUNE_SMS=str(props.multi_processor_count))
+    out = subprocess.run([HFNN, "tune", "-q", "--db", str(db), "--python", sys.executable], capture_output=True,
+                         text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr
+    return db
+
+
+def train_script(device, db=None, mode=""):
+    env = {k: v for k, v in os.environ.items() if k not in ("HFNN_PROFILE_DIR", "HFNN_DISPATCH_DB")}
+    if db is not None:
+        env["HFNN_DISPATCH_DB"] = str(db)
+    out = subprocess.run([sys.executable, str(LSTM_TRAIN), device, str(STEPS_TRAINED), mode], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@requires_chain
+def test_chain_tunes_lstm_keys_and_dispatch_counts_every_call_on_the_cpu(tmp_path):
+    db = chain(tmp_path, "cpu", "persistent")
+    keys = sqlite3.connect(db).execute("SELECT key, winner FROM tune_winners WHERE op = 'lstm' ORDER BY key").fetchall()
+    assert keys == [("input=16,hidden=24,layers=1,bidirectional=0,batch=4,steps=12,batch_first=1,bias=1,dropout=0",
+                     "persistent"),
+                    ("input=24,hidden=24,layers=2,bidirectional=1,batch=4,steps=12,batch_first=0,bias=1,dropout=0",
+                     "persistent")]  # proj_size has no key
+    plain = train_script("cpu")
+    tuned = train_script("cpu", db)
+    assert tuned["wrapped"] and not plain["wrapped"]
+    assert tuned["losses"] == plain["losses"]  # torch's module ran every call
+    lstm = tuned["stats"]["ops"]["lstm"]
+    assert lstm["keys"] == 2
+    assert lstm["calls"]["train"] == {"torch": 3 * STEPS_TRAINED}
+    assert lstm["fallbacks"]["train"] == {"CPU tensor": 2 * STEPS_TRAINED, "proj_size": STEPS_TRAINED}
+
+
+@requires_chain
+@pytest.mark.skipif(_gpu_skip_reason() is not None, reason=_gpu_skip_reason() or "")
+@pytest.mark.parametrize("winner", ["persistent", "steps", "torch"])
+def test_chain_runs_the_stored_winner_on_the_gpu(tmp_path, winner):
+    db = chain(tmp_path, "cuda", winner)
+    plain = train_script("cuda")
+    tuned = train_script("cuda", db)
+    lstm = tuned["stats"]["ops"]["lstm"]
+    if winner == "torch":
+        assert lstm["calls"]["train"] == {"torch": 3 * STEPS_TRAINED}
+        assert lstm["fallbacks"]["train"] == {"torch won the tuning": 2 * STEPS_TRAINED, "proj_size": STEPS_TRAINED}
+        assert tuned["losses"] == plain["losses"]
+        return
+    assert lstm["calls"]["train"] == {winner: 2 * STEPS_TRAINED, "torch": STEPS_TRAINED}
+    assert lstm["fallbacks"]["train"] == {"proj_size": STEPS_TRAINED}
+    for a, b in zip(tuned["losses"], plain["losses"]):
+        assert abs(a - b) <= 1e-3 * abs(b), (tuned["losses"], plain["losses"])
+    # hfnn's modules under the same table: the same winners, counted once per call.
+    swapped = train_script("cuda", db, "to_hfnn")
+    assert swapped["stats"]["ops"]["lstm"]["calls"]["train"] == lstm["calls"]["train"]
+
+
+# ---- bench/e2e.py runs the LSTM example --------------------------------------------------------------------------
+
+def test_e2e_runs_the_lstm_example():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_e2e", BENCH.parent / "e2e.py")
+        e2e = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(e2e)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    args = e2e.parse_args(["--example", "lstm_lm", "--dtype", "bfloat16", "--layers", "2"])
+    cmd = e2e.example_command(args)
+    assert Path(cmd[0]).name == "lstm_lm.py" and Path(cmd[0]).is_file()
+    assert cmd[1:] == ["--dtype", "bfloat16", "--layers", "2"]
+    assert Path(e2e.example_command(e2e.parse_args([]))[0]).name == "evoformer.py"
+    with pytest.raises(SystemExit, match="--layers is the LSTM example's option"):
+        e2e.example_command(e2e.parse_args(["--layers", "2"]))
+    # The example itself, as e2e runs it (small on the CPU), with and without hfnn's module.
+    for extra in ([], ["--hfnn"]):
+        out = subprocess.run([sys.executable, cmd[0], "--steps", "1", "--warmup", "0", "--device", "cpu", "--layers",
+                              "2", *extra], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    assert "hfnn on, 1 LSTM(s), torch's LSTM on the CPU" in out.stdout
+
+
 # ---- bench/lstm.py, the parts that run without a GPU ----------------------------------------------------------
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "lstm.py"
-
 
 def bench_module():
     spec = importlib.util.spec_from_file_location("bench_lstm", BENCH)

@@ -8,11 +8,12 @@ one call hfnn's op does not take (need_weights=True, the default), and one with 
 Prints one JSON line: {"losses", "stats" (hfnn.dispatch_stats()), "wrapped" (whether
 nn.MultiheadAttention.forward is HFNN_DISPATCH_DB's wrapper), "hfnn_calls", "hfnn_fallbacks"}.
 """
-import json
 import sys
 
 import torch
 from torch import nn
+
+from _train_loop import train_and_report
 
 device, steps = sys.argv[1], int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else ""
@@ -42,27 +43,7 @@ class Model(nn.Module):
         return self.head(x)
 
 
-torch.manual_seed(0)
-model = Model().to(device)
-if mode == "to_hfnn":
-    import hfnn
-
-    model = hfnn.to_hfnn(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-g = torch.Generator().manual_seed(1)
-x = torch.randn(B, L, E, generator=g).to(device)
-memory = torch.randn(B, S, E, generator=g).to(device)
-target = torch.randn(B, L, 8, generator=g).to(device)
-losses = []
-for _ in range(steps):
-    loss = (model(x, memory) - target).square().mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    losses.append(loss.item())
-
-import hfnn  # noqa: E402
-
-print(json.dumps({"losses": losses, "stats": hfnn.dispatch_stats(),
-                  "wrapped": hasattr(nn.MultiheadAttention.forward, "__wrapped__"),
-                  "hfnn_calls": dict(hfnn.nn.attention_calls), "hfnn_fallbacks": dict(hfnn.nn.attention_fallbacks)}))
+train_and_report(Model, device, steps, mode, [(B, L, E), (B, S, E)], (B, L, 8),
+                 lambda hfnn: {"wrapped": hasattr(nn.MultiheadAttention.forward, "__wrapped__"),
+                               "hfnn_calls": dict(hfnn.nn.attention_calls),
+                               "hfnn_fallbacks": dict(hfnn.nn.attention_fallbacks)})
