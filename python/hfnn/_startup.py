@@ -96,6 +96,9 @@ def _install() -> None:
         "meta": _meta(),
     }
     _record_attention_shapes(torch)
+    from . import nn as hfnn_nn
+
+    hfnn_nn._lstm_profiled = True  # hfnn.nn.LSTM's own path records its shapes (aten::lstm does not run)
     torch.ops.hfnn.profiler_start(json.dumps(config))
     atexit.register(torch.ops.hfnn.profiler_stop)
 

@@ -126,6 +126,20 @@ _LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LSTM_BUILTIN_ORDER = ("persistent", "steps")
 # Tests only (tests/python/test_lstm.py, with stand-in ops): take hfnn's path for CPU tensors too.
 _lstm_takes_cpu = False
+# Set by `hfnn profile`'s start-up hook (hfnn._startup): hfnn's path records each call's shape in a
+# profiler scope, as the profiler records aten::lstm for torch's path (which then does not run).
+_lstm_profiled = False
+
+
+def _lstm_shape_scope(m: nn.LSTM, input: torch.Tensor) -> str:
+    """`hfnn.shape|lstm|<input shape>|<dtype>|<settings>`: the record kernels/lstm's key_of reads,
+    with the settings the profiler writes for aten::lstm, in the dtype the call computes in."""
+    dropout = int(m.dropout > 0 and m.training)
+    settings = (f"input={m.input_size},hidden={m.hidden_size},layers={m.num_layers},"
+                f"bidirectional={int(m.bidirectional)},batch_first={int(m.batch_first)},bias={int(m.bias)},proj=0,"
+                f"dropout={dropout}")
+    dtype = str(_lstm_compute_dtype(input)).replace("torch.", "")
+    return f"hfnn.shape|lstm|[{','.join(str(d) for d in input.shape)}]|{dtype}|{settings}"
 
 
 def _lstm_compute_dtype(input: torch.Tensor) -> torch.dtype:
@@ -282,7 +296,11 @@ def _lstm_route(m: nn.LSTM, input, hx, plain: bool):
         variant, why = _lstm_table_choice(m, input, plain)
         if why is None:
             try:
-                output, state, ran = _lstm_run(m, input, hx, variant)
+                if _lstm_profiled:
+                    with torch.autograd.profiler.record_function(_lstm_shape_scope(m, input)):
+                        output, state, ran = _lstm_run(m, input, hx, variant)
+                else:
+                    output, state, ran = _lstm_run(m, input, hx, variant)
                 lstm_calls[ran] += 1
                 return output, state
             except _LSTMRefused as refused:

@@ -589,6 +589,44 @@ def test_chain_runs_the_stored_winner_on_the_gpu(tmp_path, winner):
     assert swapped["stats"]["ops"]["lstm"]["calls"]["train"] == lstm["calls"]["train"]
 
 
+_PROFILED_STANDIN = r"""
+import sys
+sys.path.insert(0, {tests!r})
+import torch
+import hfnn
+from lstm_standin import StandIn
+
+ops = StandIn()
+for name in ("lstm_layer_fwd", "lstm_layer_bwd", "lstm_supports", "lstm_variants", "lstm_choose"):
+    setattr(torch.ops.hfnn, name, getattr(ops, name))
+hfnn.nn._lstm_takes_cpu = True
+torch.manual_seed(0)
+m = hfnn.nn.LSTM(4, 6, num_layers=2, bidirectional=True, batch_first=True)
+for step in range(3):
+    m(torch.randn(3, 5, 4))[0].sum().backward()
+    m.eval()
+    m(torch.randn(3, 5, 4))  # the eval calls: no dropout either way
+    m.train()
+assert dict(hfnn.nn.lstm_calls) == {{"persistent": 6}}, dict(hfnn.nn.lstm_calls)
+"""
+
+
+@pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
+def test_profile_records_the_shapes_hfnn_s_path_runs(tmp_path):
+    """hfnn.nn.LSTM's own path runs no aten::lstm: it records its calls in a shape scope the profiler
+    reads, with the settings aten::lstm's record has, so a to_hfnn'd model is profiled and tuned too."""
+    script = tmp_path / "profiled.py"
+    script.write_text(_PROFILED_STANDIN.format(tests=str(Path(__file__).parent)))
+    db = tmp_path / "shapes.db"
+    env = {k: v for k, v in os.environ.items() if k not in ("HFNN_PROFILE_DIR", "HFNN_DISPATCH_DB")}
+    out = subprocess.run([HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr
+    rows = sqlite3.connect(db).execute("SELECT shape, dtype, flags, calls FROM shape_stats WHERE op = 'lstm'").fetchall()
+    assert rows == [("[3,5,4]", "float32", "input=4,hidden=6,layers=2,bidirectional=1,batch_first=1,bias=1,proj=0,"
+                                           "dropout=0", 6)]
+
+
 # ---- bench/e2e.py runs the LSTM example --------------------------------------------------------------------------
 
 def test_e2e_runs_the_lstm_example():
@@ -763,17 +801,25 @@ def test_gpu_autocast_matches_cudnn_under_autocast(counts):
 
 @requires_lstm_ops
 def test_gpu_flatten_parameters_and_the_swap_keep_cudnns_flat_weights():
+    """hfnn.nn.LSTM inherits flatten_parameters: after the swap and a flatten the parameters are the
+    same objects, views of one buffer in cuDNN's order, and torch's module runs on them unwarned."""
     import warnings
 
+    def one_buffer(m):
+        w = m._flat_weights
+        return all(b.data_ptr() == a.data_ptr() + a.numel() * a.element_size() for a, b in zip(w, w[1:]))
+
     m = nn.LSTM(16, 32, 2, batch_first=True, device="cuda")
-    ptrs = [p.data_ptr() for p in m._flat_weights]
+    params = list(m.parameters())
+    assert one_buffer(m)
     hfnn.to_hfnn(m)
     m.flatten_parameters()
-    assert [p.data_ptr() for p in m._flat_weights] == ptrs
+    assert one_buffer(m) and all(a is b for a, b in zip(m.parameters(), params))
     x = torch.randn(3, 5, 16, device="cuda")
+    y = m(x)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "weights are not part of single contiguous chunk"
-        hfnn.to_torch(m)(x)
+        torch.testing.assert_close(hfnn.to_torch(m)(x)[0], y, rtol=2e-3, atol=2e-3)
 
 
 @requires_lstm_ops
