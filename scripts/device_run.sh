@@ -24,6 +24,12 @@
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
 #   mha       bench/mha.py: nn.MultiheadAttention against hfnn's op with each attention core
+#   lstm      bench/lstm.py: nn.LSTM (cuDNN) against every hfnn LSTM variant, the configs
+#             ($LSTM_ARGS adds options, e.g. --quick)
+#   lstm-grid bench/lstm.py --grid: the hidden x batch crossover map in bf16 and fp32, and its SVG
+#   e2e-lstm  bench/e2e.py --example lstm_lm: profile, tune, HFNN_DISPATCH_DB on the LSTM model
+#             (fp32 and bf16)
+#   pytest-lstm  tests/python/test_lstm.py with its GPU tests, verbose, with timings
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
 #             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
@@ -207,6 +213,26 @@ fi
 if want mha; then
   timeout ${MHA_TIMEOUT:-560} python3 bench/mha.py --out "$OUT/mha-$gpu.json" ${MHA_ARGS:-} 2>&1 | tee "$OUT/mha.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want lstm; then
+  timeout ${LSTM_TIMEOUT:-560} python3 bench/lstm.py --out "$OUT/lstm-$gpu.json" ${LSTM_ARGS:-} 2>&1 | tee "$OUT/lstm.log" | tail -80
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want lstm-grid; then
+  timeout ${LSTM_TIMEOUT:-560} python3 bench/lstm.py --grid --dtypes bfloat16 float32 --out "$OUT/lstm_grid-$gpu.json" \
+    --plot "$OUT/lstm_crossover-$gpu.svg" ${LSTM_GRID_ARGS:-} 2>&1 | tee "$OUT/lstm-grid.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want e2e-lstm; then
+  for dtype in float32 bfloat16; do
+    python3 bench/e2e.py --example lstm_lm --dtype "$dtype" --out "$OUT/e2e-lstm-$gpu-$dtype.json" \
+      --plot "$OUT/e2e-lstm-$gpu-$dtype.svg" > "$OUT/e2e-lstm-$dtype.log" 2>&1 || status=1
+    tail -24 "$OUT/e2e-lstm-$dtype.log"
+  done
+fi
+if want pytest-lstm; then
+  timeout 560 python3 -m pytest tests/python/test_lstm.py -v -p no:cacheprovider --durations=12 -o faulthandler_timeout=300 \
+    2>&1 | tee "$OUT/pytest-lstm.log" | tail -80; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want bench || want bench-quick; then
   extra=(); want bench-quick && extra=(--no-compile)
