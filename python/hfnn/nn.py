@@ -184,9 +184,14 @@ def _lstm_table_choice(m: nn.LSTM, input: torch.Tensor, plain: bool) -> tuple[st
     if _dispatch.active and hasattr(torch.ops.hfnn, "lstm_choose"):
         batch, steps = (input.shape[0], input.shape[1]) if m.batch_first else (input.shape[1], input.shape[0])
         dropout = bool(m.dropout > 0 and m.training and m.num_layers > 1)  # the key's dropout (lstm_family.cpp)
-        choice = torch.ops.hfnn.lstm_choose(m.input_size, m.hidden_size, m.num_layers, batch, steps,
-                                            _lstm_choose_dtype_arg(_lstm_compute_dtype(input)), m.bidirectional,
-                                            m.batch_first, m.bias, dropout)
+        key = (m.input_size, m.hidden_size, m.num_layers, batch, steps,
+               _lstm_choose_dtype_arg(_lstm_compute_dtype(input)), m.bidirectional, m.batch_first, m.bias, dropout)
+        device = input.get_device()
+        if device >= 0 and device != torch.cuda.current_device():  # lstm_choose reads the current GPU's winners
+            with torch.cuda.device(device):
+                choice = torch.ops.hfnn.lstm_choose(*key)
+        else:
+            choice = torch.ops.hfnn.lstm_choose(*key)
         if choice == "torch":
             return None, "torch won the tuning"
         if choice:

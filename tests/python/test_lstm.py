@@ -523,7 +523,7 @@ def _cpp_family_reason():
         return "this op library has no LSTM ops (lstm_layer_fwd, lstm_choose)"
     if "lstm" not in json.loads(torch.ops.hfnn.dispatch_stats())["ops"]:
         return "the op library's families (kernels/common/family.cpp) do not list lstm yet: hfnn tune has no LSTM keys"
-    if not hfnn.build_info().get("variants", {}).get("lstm"):
+    if not hfnn.build_info().get("variants", {}).get("lstm", {}).get("train"):
         return "this build has no LSTM kernel variants (built without nvcc): hfnn tune skips LSTM keys"
     return None
 
@@ -537,7 +537,7 @@ def chain(tmp_path, device, winner):
     env = {k: v for k, v in os.environ.items() if k not in ("HFNN_PROFILE_DIR", "HFNN_DISPATCH_DB")}
     db = tmp_path / "shapes.db"
     out = subprocess.run([HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable, str(LSTM_TRAIN), device,
-                          "2"], capture_output=True, text=True, timeout=240, env=env)
+                          "4"], capture_output=True, text=True, timeout=240, env=env)  # 2 warm-up steps, 2 recorded
     assert out.returncode == 0, out.stderr
     env.update(HFNN_TUNE_WORKER=str(SCRIPTS / "fake_tune_worker.py"), FAKE_TUNE_TORCH=torch.__version__,
                FAKE_TUNE_CUDA=torch.version.cuda or "", FAKE_TUNE_HFNN=hfnn.__version__,
