@@ -119,11 +119,22 @@ lstm_fallbacks: "collections.Counter[str]" = collections.Counter()
 
 # The dtypes hfnn's LSTM kernels compute in (16-bit with float32 accumulation and cell state).
 _LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# The built-in choice where no table names a winner, in order: the first variant whose
-# lstm_supports() takes the call. Provisional, not measured yet: the persistent kernel keeps the
-# recurrent weights on chip and should win wherever they fit; the step loop takes the rest.
-# bench/lstm.py --grid measures where that is true (the crossover against cuDNN).
-_LSTM_BUILTIN_ORDER = ("persistent", "steps")
+# The built-in choice where no table names a winner: the variants to try in order (the first whose
+# lstm_supports() takes a layer runs it), () for cuDNN. From the first measurements on an H200
+# (bench/README.md, "nn.LSTM kernels, first look"; bench/lstm_layer.py, bench/lstm_floor.py): the
+# persistent kernel beat cuDNN 2.4-3.3x at hidden 985, batch 4 and per step at hidden 512-985,
+# batch 1-4, and lost at batch 32 and more (0.2-0.9x); the step loop beat cuDNN in 16-bit at batch
+# 16-128 (1.1-1.9x) but lost in float32 at hidden 1,024 and more; cuDNN's own persistent kernel is 5-10x
+# faster than both at hidden 128 and less. Everywhere else cuDNN keeps the call until bench/lstm.py
+# --grid measures the crossover; `hfnn tune` measures every key it stores in any case.
+def _lstm_builtin_order(batch: int, hidden: int, dtype: torch.dtype) -> tuple:
+    if batch <= 4 and hidden >= 512:
+        return ("persistent", "steps")
+    if dtype != torch.float32 and batch >= 16 and hidden >= 256:
+        return ("steps",)
+    return ()
+
+
 # Tests only (tests/python/test_lstm.py, with stand-in ops): take hfnn's path for CPU tensors too.
 _lstm_takes_cpu = False
 # Set by `hfnn profile`'s start-up hook (hfnn._startup): hfnn's path records each call's shape in a
@@ -198,16 +209,20 @@ def _lstm_table_choice(m: nn.LSTM, input: torch.Tensor, plain: bool) -> tuple[st
             return choice, None
         if plain and _dispatch.policy == "torch":
             return None, "shape not tuned"
+    batch = input.shape[0] if m.batch_first else input.shape[1]
+    if not _lstm_builtin_order(batch, m.hidden_size, _lstm_compute_dtype(input)):
+        return None, "built-in choice: cuDNN"
     return "", None
 
 
 def _lstm_layer_variant(wanted: str, x: torch.Tensor, w_hh: torch.Tensor) -> str | None:
     """The variant that runs one layer: `wanted` where it takes the layer's input, for the built-in
-    choice ("") the first of _LSTM_BUILTIN_ORDER that does; None when none does."""
+    choice ("") the first of _lstm_builtin_order's that does; None when none does."""
     if wanted:
         return wanted if torch.ops.hfnn.lstm_supports(x, w_hh, wanted) else None
     have = torch.ops.hfnn.lstm_variants()
-    return next((v for v in _LSTM_BUILTIN_ORDER if v in have and torch.ops.hfnn.lstm_supports(x, w_hh, v)), None)
+    order = _lstm_builtin_order(x.shape[1], w_hh.shape[1], x.dtype)
+    return next((v for v in order if v in have and torch.ops.hfnn.lstm_supports(x, w_hh, v)), None)
 
 
 class _LSTMLayer(torch.autograd.Function):
@@ -328,8 +343,9 @@ class LSTM(nn.LSTM):
     states and weights cast once; outputs in that dtype).
 
     Which variant: under HFNN_DISPATCH_DB the key's tuned winner (torch's module where torch won);
-    otherwise hfnn's built-in choice, "persistent" where it takes the shape, else "steps". That
-    choice is provisional, not yet measured against cuDNN (bench/lstm.py --grid measures it).
+    otherwise hfnn's built-in choice from the first H200 measurements (_lstm_builtin_order): the
+    persistent kernel at batch <= 4 and hidden >= 512, the step loop in 16-bit at batch >= 16,
+    cuDNN elsewhere (until bench/lstm.py --grid measures the crossover).
 
     Anything else runs torch's nn.LSTM.forward, counted with its reason in hfnn.nn.lstm_fallbacks:
     an op library without LSTM kernels, CPU tensors, PackedSequence, proj_size > 0, unbatched input,

@@ -46,10 +46,21 @@ def counts(monkeypatch):
     return calls, fallbacks
 
 
+_REAL_BUILTIN_ORDER = hfnn.nn._lstm_builtin_order
+
+
+@pytest.fixture
+def any_variant(monkeypatch):
+    """The built-in choice tries every variant at any size (it keeps cuDNN at the tests' small ones)."""
+    monkeypatch.setattr(hfnn.nn, "_lstm_builtin_order", lambda batch, hidden, dtype: ("persistent", "steps"))
+
+
 @pytest.fixture
 def standin(monkeypatch, counts):
     """The stand-in ops, and hfnn's path taken for CPU tensors (this test only)."""
     monkeypatch.setattr(hfnn.nn, "_lstm_takes_cpu", True)
+    # The built-in choice keeps cuDNN at the tests' small sizes: here every variant may run.
+    monkeypatch.setattr(hfnn.nn, "_lstm_builtin_order", lambda batch, hidden, dtype: ("persistent", "steps"))
     monkeypatch.setattr(hfnn._dispatch, "active", False)
     return StandIn().install(monkeypatch)
 
@@ -614,6 +625,7 @@ ops = StandIn()
 for name in ("lstm_layer_fwd", "lstm_layer_bwd", "lstm_supports", "lstm_variants", "lstm_choose"):
     setattr(torch.ops.hfnn, name, getattr(ops, name))
 hfnn.nn._lstm_takes_cpu = True
+hfnn.nn._lstm_builtin_order = lambda batch, hidden, dtype: ("persistent", "steps")
 torch.manual_seed(0)
 m = hfnn.nn.LSTM(4, 6, num_layers=2, bidirectional=True, batch_first=True)
 for step in range(3):
@@ -796,7 +808,8 @@ def test_gpu_every_variant_over_a_dense_sweep(dtype):
     (1, False, True, True, False), (2, True, False, True, True), (3, False, False, False, True),
     (2, True, True, False, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gpu_module_against_torchs_module(counts, dtype, layers, bidirectional, batch_first, bias, with_state):
+def test_gpu_module_against_torchs_module(counts, any_variant, dtype, layers, bidirectional, batch_first, bias,
+                                          with_state):
     ref, ours = pair(48, 64, layers, bidirectional, batch_first, bias, dtype=dtype, device="cuda")
     x, hx = inputs(ours, 5, 33, with_state, dtype=dtype, device="cuda")
     tol = 2e-3 if dtype == torch.float32 else 6e-2
@@ -809,7 +822,7 @@ def test_gpu_module_against_torchs_module(counts, dtype, layers, bidirectional, 
 
 
 @requires_lstm_ops
-def test_gpu_autocast_matches_cudnn_under_autocast(counts):
+def test_gpu_autocast_matches_cudnn_under_autocast(counts, any_variant):
     ref, ours = pair(64, 96, 2, True, True, device="cuda")
     x, hx = inputs(ours, 4, 20, True, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -859,3 +872,19 @@ def test_gpu_measure_times_torch_and_every_variant_and_rejects_the_planted_one()
         if name != "planted_wrong":
             assert c["max_error"] <= tol, (name, c["max_error"])
     assert by["planted_wrong"]["max_error"] > tol
+
+
+def test_the_builtin_choice_follows_the_measurements(monkeypatch, standin, counts):
+    """Without a table: the persistent kernel at small batch and large hidden, the step loop in
+    16-bit at large batch, cuDNN elsewhere, with its own reason (bench/README.md, first look)."""
+    order = _REAL_BUILTIN_ORDER  # the stand-in fixture lets every variant run
+    monkeypatch.setattr(hfnn.nn, "_lstm_builtin_order", order)
+    assert order(4, 985, torch.float32) == order(1, 512, torch.bfloat16) == ("persistent", "steps")
+    assert order(32, 512, torch.bfloat16) == order(128, 256, torch.float16) == ("steps",)
+    assert order(32, 512, torch.float32) == order(4, 128, torch.float32) == order(8, 1024, torch.bfloat16) == ()
+    # A small module on the stand-in ops, its built-in choice cuDNN: torch's path, counted so.
+    ref, ours = pair(8, 16)
+    x, hx = inputs(ours, 3, 5, False)
+    y_r = ref(x)[0]
+    assert torch.equal(ours(x)[0], y_r)
+    assert dict(counts[1]) == {"built-in choice: cuDNN": 1}
