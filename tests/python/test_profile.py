@@ -331,6 +331,45 @@ def test_lstm_shapes_are_recorded_with_their_settings(tmp_path):
     assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1,proj=0,dropout=0"
 
 
+_LSTM_AUTOCAST = r"""
+import json, sys, torch, hfnn
+device = sys.argv[1]
+torch.backends.mkldnn.enabled = False  # oneDNN's 16-bit LSTM needs AVX512-BF16; torch's own cell runs on any CPU
+torch.manual_seed(0)
+net, net64 = torch.nn.LSTM(8, 16, batch_first=True).to(device), torch.nn.LSTM(6, 16).double().to(device)
+opt = torch.optim.SGD([*net.parameters(), *net64.parameters()], lr=0.1)
+keys = {}  # input shape -> the dtype hfnn's dispatch looks the call's key up in
+for _ in range(2):
+    x, plain = torch.randn(2, 5, 8, device=device), torch.randn(3, 4, 8, device=device)
+    x64 = torch.randn(5, 2, 6, device=device, dtype=torch.float64)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y, z = net(x)[0], net64(x64)[0]
+        keys.update({str(list(t.shape)).replace(" ", ""): str(hfnn.nn._lstm_compute_dtype(t)) for t in (x, x64)})
+    w = net(plain)[0]
+    keys[str(list(plain.shape)).replace(" ", "")] = str(hfnn.nn._lstm_compute_dtype(plain))
+    (y.float().sum() + z.sum() + w.sum()).backward()
+    opt.step()
+    opt.zero_grad()
+json.dump({k: v.replace("torch.", "") for k, v in keys.items()}, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _cuda_available(), reason="no CUDA device: CUDA autocast runs on the GPU machine"))])
+def test_lstm_under_autocast_is_recorded_in_the_dtype_dispatch_looks_up(tmp_path, device):
+    # aten::lstm is not cast by autocast (cuDNN's _cudnn_rnn is, further down): its input is float32
+    # under bfloat16 autocast, but the call computes in bfloat16 and hfnn.nn looks its key up in
+    # bfloat16 (_lstm_compute_dtype). Recorded as float32, every LSTM of a tuned autocast run was
+    # "shape not tuned". float64 stays float64; outside autocast the input's dtype.
+    script = tmp_path / "lstm_autocast.py"
+    script.write_text(_LSTM_AUTOCAST)
+    out = profile(tmp_path, "-q", "--warmup", "0", str(script), device, str(tmp_path / "keys.json"))
+    assert out.returncode == 0, out.stderr
+    recorded = dict(rows(tmp_path / "shapes.db", "SELECT shape, dtype FROM shape_stats WHERE op = 'lstm'"))
+    assert recorded == {"[2,5,8]": "bfloat16", "[5,2,6]": "float64", "[3,4,8]": "float32"}
+    assert recorded == json.loads((tmp_path / "keys.json").read_text())
+
+
 _LSTM_SETTINGS = r"""
 import torch
 from torch import nn
