@@ -315,9 +315,11 @@ nlohmann::json part_json(const State& s) {
   return part;
 }
 
-// Atomic: a reader (the CLI) sees the previous part or this one, never half of one.
+// Atomic: a reader (the CLI) sees the previous part or this one, never half of one. A process that
+// ran no torch op writes none; one whose steps all fell inside the warm-up writes one without ops
+// or steps, so the CLI can say that (step_boundaries) rather than that nothing ran.
 void write_part(const State& s) {
-  if (s.part_path.empty() || (s.ops.empty() && s.step_ms.empty())) return;
+  if (s.part_path.empty() || (s.ops.empty() && s.step_ms.empty() && s.boundaries == 0)) return;
   const auto tmp = std::filesystem::path(s.part_path).concat(".tmp");
   {
     std::ofstream out(tmp);

@@ -127,6 +127,37 @@ def test_failing_script_keeps_its_profile_and_exit_code(tmp_path):
     assert rows(tmp_path / "shapes.db", "SELECT exit_code, steps_recorded FROM runs") == [(1, 3)]
 
 
+_STEPS_THEN_EXIT = """
+import sys, torch
+p = torch.nn.Parameter(torch.ones(4))
+opt = torch.optim.SGD([p], lr=0.1)
+for _ in range(int(sys.argv[1])):
+    p.square().sum().backward()
+    opt.step()
+    opt.zero_grad()
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_a_script_with_no_more_steps_than_warmup_says_so_and_records_nothing(tmp_path):
+    # A 2-step smoke run under the default --warmup 2: one line saying why the profile is empty, an
+    # error exit, and no empty run for `hfnn tune` to pick up as the newest.
+    (tmp_path / "smoke.py").write_text(_STEPS_THEN_EXIT)
+    out = profile(tmp_path, "smoke.py", "2", "0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.strip() == ("hfnn profile: smoke.py ran 2 steps, all inside --warmup 2: nothing recorded; run more "
+                                  f"steps or pass --warmup 0 ({tmp_path / 'shapes.db'} is unchanged)")
+    assert not (tmp_path / "shapes.db").exists()
+    # A script that fails inside the warm-up says the same and keeps its own exit code.
+    out = profile(tmp_path, "--warmup", "3", "smoke.py", "1", "7")
+    assert out.returncode == 7 and "smoke.py ran 1 step, all inside --warmup 3: nothing recorded" in out.stderr
+    assert not (tmp_path / "shapes.db").exists()
+    # A command that runs no Python with hfnn records nothing either: an error, though it succeeded.
+    out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "shapes.db"), "--", "true"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 1 and "nothing was recorded" in out.stderr and not (tmp_path / "shapes.db").exists()
+
+
 def _interrupt_after_five_steps(cmd, signum):
     """Runs cmd in its own session, sends signum once it printed step 5 (SIGINT to the whole group,
     as a terminal's Ctrl-C does; SIGTERM to the process, as a job scheduler does). Returns the
@@ -162,12 +193,13 @@ def test_interrupted_script_keeps_its_profile_and_exit_code(tmp_path, signum):
 
 def test_script_arguments_are_the_scripts_even_when_they_look_like_hfnns(tmp_path):
     args = ["--steps", "20", "--warmup", "5", "--db", "x.db", "-q", "--", "plain"]
+    # The argv mode runs no torch op: nothing is recorded, which hfnn profile reports as an error (1).
     out = profile(tmp_path, "--steps", "1", str(SCRIPT), "argv", str(tmp_path / "argv.txt"), *args)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1 and "nothing was recorded" in out.stderr, out.stderr
     assert (tmp_path / "argv.txt").read_text().split("\n") == args
     out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "y.db"), "--", sys.executable, str(SCRIPT), "argv",
                           str(tmp_path / "argv2.txt"), "--steps", "3"], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1 and "nothing was recorded" in out.stderr, out.stderr
     assert (tmp_path / "argv2.txt").read_text().split("\n") == ["--steps", "3"]
 
 
