@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -112,6 +114,28 @@ std::vector<nlohmann::json> read_parts(const fs::path& dir) {
   return parts;
 }
 
+// What the messages call the command: its first .py file (`train.py` also in `-- torchrun ...
+// train.py`), else its program.
+std::string script_name(const std::vector<std::string>& command) {
+  for (const auto& word : command)
+    if (word.size() > 3 && word.compare(word.size() - 3, 3, ".py") == 0) return fs::path(word).filename().string();
+  return fs::path(command[0]).filename().string();
+}
+
+// The steps a run saw when every one of them fell inside --warmup (no process recorded a step, and
+// one saw at least one): the warm-up cleared what they did, and what ran after the last (the loop's
+// tail: zero_grad, evaluation, saving) is no step's profile. nullopt otherwise, also for a command
+// without steps at all, which is recorded whole.
+std::optional<int64_t> all_steps_in_warmup(const std::vector<nlohmann::json>& parts) {
+  int64_t seen = 0;
+  for (const auto& part : parts) {
+    if (!part.value("step_ms", nlohmann::json::array()).empty()) return std::nullopt;
+    seen = std::max(seen, part.value("step_boundaries", int64_t{0}));
+  }
+  if (seen == 0) return std::nullopt;
+  return seen;
+}
+
 struct TempDir {
   fs::path path;
   TempDir() {
@@ -137,7 +161,11 @@ CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::st
       "  hfnn profile -- torchrun --nproc_per_node 2 train.py   any command (every Python process in it)\n"
       "Records per-op time, step times and the input shapes of the ops hfnn accelerates; prints a report.");
   sub->add_option("--db", o->db, "Database file to add the run to (created if missing)")->capture_default_str();
-  sub->add_option("--warmup", o->warmup, "Steps to skip before recording (a step ends at optimizer.step() or hfnn.step())")
+  sub->add_option("--warmup", o->warmup,
+                  "Steps to skip before recording (first-step costs: lazy init, autotuning). A step ends at each "
+                  "optimizer.step() of a torch.optim optimizer, seen without code changes (two optimizers: two steps "
+                  "an iteration), or at hfnn.step() in loops without one. A script without steps is recorded whole; "
+                  "one with no more steps than --warmup records nothing (an error)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--steps", o->steps, "Steps to record, then the script runs on untouched (0: until it ends)")
@@ -150,7 +178,12 @@ CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::st
   // No positional is declared: the first one stops hfnn's parsing (prefix_command), so everything
   // from the script on, options included, belongs to the script.
   sub->prefix_command();
-  sub->footer("The script and its arguments come last: hfnn's own options go before it.");
+  sub->footer(
+      "The script and its arguments come last: hfnn's own options go before it.\n"
+      "Exit status: the script's, also when it fails or is interrupted (what it recorded is kept); 1 when it "
+      "succeeded but nothing was recorded (no Python process with hfnn ran torch ops, or every step fell inside "
+      "--warmup; --db is left unchanged) or the database could not be written; 2 when the options, the script or "
+      "--db are wrong (the script does not run).");
   sub->callback([o, sub, &command_after_dashes, &exit_code]() {
     o->command = sub->remaining();
     if (o->command.empty()) o->command = command_after_dashes;
@@ -194,13 +227,23 @@ int run_profile(const ProfileOptions& o) {
   info.exit_code = run_child(argv, o, parts.path);
   info.finished_at = utc_now();
 
+  // Nothing recorded is an error of its own (1) when the script succeeded: an empty profile would
+  // leave `hfnn tune` nothing to do without saying why. A failed script keeps its own exit code.
+  const int nothing_recorded = info.exit_code != 0 ? info.exit_code : 1;
   const auto collected = read_parts(parts.path);
   if (collected.empty()) {
     fmt::print(stderr,
                "hfnn profile: nothing was recorded: the command ran no torch ops in a Python with hfnn installed "
                "({}); {} is unchanged\n",
                is_script ? argv[0] : "check `python3 -c \"import hfnn\"`", o.db);
-    return info.exit_code;
+    return nothing_recorded;
+  }
+  if (const auto warm = all_steps_in_warmup(collected)) {
+    fmt::print(stderr,
+               "hfnn profile: {} ran {} step{}, all inside --warmup {}: nothing recorded; run more steps or pass "
+               "--warmup 0 ({} is unchanged)\n",
+               script_name(o.command), *warm, *warm == 1 ? "" : "s", o.warmup, o.db);
+    return nothing_recorded;
   }
   try {
     profiles::Database db(o.db, true);

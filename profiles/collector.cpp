@@ -1,5 +1,6 @@
 #include "profiles/collector.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/library.h>
@@ -47,7 +48,8 @@ int64_t now_ns() {
 // backward is native_layer_norm_backward. When a recorded op runs inside another record of the
 // same op and phase (hfnn::layer_norm under autocast, or around a torch fallback), the innermost
 // one is kept: it is what ran.
-// nn.LSTM calls aten::lstm (its backward is not linked to it here: forward calls and time only).
+// nn.LSTM calls aten::lstm (its backward is not linked to it here: forward calls and time only),
+// recorded in the dtype it computes in (autocast's under autocast: lstm_compute_dtype).
 // nn.MultiheadAttention is no single op: the start-up hook wraps its forward in a record_function
 // scope named "hfnn.shape|<op>|<shape>|<dtype>|<settings>" (kScope).
 enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope };
@@ -109,6 +111,24 @@ std::optional<ShapeKey> layer_norm_shape(const at::RecordFunction& fn, Tunable k
   return key;
 }
 
+// The dtype an LSTM call computes in, which is the dtype of its key: the autocast dtype where
+// autocast is on for the input's device, else the input's own; float64 stays float64. The rule of
+// hfnn.nn._lstm_compute_dtype, which HFNN_DISPATCH_DB looks keys up with. aten::lstm itself is not
+// cast by autocast (cuDNN's _cudnn_rnn is, on the CPU oneDNN's mkldnn_rnn_layer, further down),
+// so its input is still float32 under bfloat16 autocast: recording that dtype made every LSTM of
+// an autocast run "shape not tuned". Called in the op's own thread, where autocast's state is the
+// caller's; inside an autocast wrapper that already cast (autocast excluded) it reads disabled.
+c10::ScalarType lstm_compute_dtype(const at::Tensor& x) {
+  const c10::ScalarType own = x.scalar_type();
+  if (own == c10::kDouble || !x.is_floating_point()) return own;
+  try {
+    const auto device = x.device().type();
+    if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
+  } catch (const c10::Error&) {  // a device type autocast does not know (meta, ...): never throw from an observer
+  }
+  return own;
+}
+
 // aten::lstm.input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
 // batch_first); the packed-sequence overload (data, batch_sizes, ...) is recorded without flags.
 std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
@@ -118,7 +138,7 @@ std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
   ShapeKey key;
   key.op = "lstm";
   key.shape = sizes_string(x.sizes());
-  key.dtype = dtype_name(x.scalar_type());
+  key.dtype = dtype_name(lstm_compute_dtype(x));
   key.phase = "fwd";
   if (inputs[1].isTensorList()) {
     // hx = [h0, c0]: c0's last size is the hidden size, h0's the projection's where proj_size is set.
@@ -295,9 +315,11 @@ nlohmann::json part_json(const State& s) {
   return part;
 }
 
-// Atomic: a reader (the CLI) sees the previous part or this one, never half of one.
+// Atomic: a reader (the CLI) sees the previous part or this one, never half of one. A process that
+// ran no torch op writes none; one whose steps all fell inside the warm-up writes one without ops
+// or steps, so the CLI can say that (step_boundaries) rather than that nothing ran.
 void write_part(const State& s) {
-  if (s.part_path.empty() || (s.ops.empty() && s.step_ms.empty())) return;
+  if (s.part_path.empty() || (s.ops.empty() && s.step_ms.empty() && s.boundaries == 0)) return;
   const auto tmp = std::filesystem::path(s.part_path).concat(".tmp");
   {
     std::ofstream out(tmp);

@@ -127,6 +127,37 @@ def test_failing_script_keeps_its_profile_and_exit_code(tmp_path):
     assert rows(tmp_path / "shapes.db", "SELECT exit_code, steps_recorded FROM runs") == [(1, 3)]
 
 
+_STEPS_THEN_EXIT = """
+import sys, torch
+p = torch.nn.Parameter(torch.ones(4))
+opt = torch.optim.SGD([p], lr=0.1)
+for _ in range(int(sys.argv[1])):
+    p.square().sum().backward()
+    opt.step()
+    opt.zero_grad()
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_a_script_with_no_more_steps_than_warmup_says_so_and_records_nothing(tmp_path):
+    # A 2-step smoke run under the default --warmup 2: one line saying why the profile is empty, an
+    # error exit, and no empty run for `hfnn tune` to pick up as the newest.
+    (tmp_path / "smoke.py").write_text(_STEPS_THEN_EXIT)
+    out = profile(tmp_path, "smoke.py", "2", "0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.strip() == ("hfnn profile: smoke.py ran 2 steps, all inside --warmup 2: nothing recorded; run more "
+                                  f"steps or pass --warmup 0 ({tmp_path / 'shapes.db'} is unchanged)")
+    assert not (tmp_path / "shapes.db").exists()
+    # A script that fails inside the warm-up says the same and keeps its own exit code.
+    out = profile(tmp_path, "--warmup", "3", "smoke.py", "1", "7")
+    assert out.returncode == 7 and "smoke.py ran 1 step, all inside --warmup 3: nothing recorded" in out.stderr
+    assert not (tmp_path / "shapes.db").exists()
+    # A command that runs no Python with hfnn records nothing either: an error, though it succeeded.
+    out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "shapes.db"), "--", "true"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 1 and "nothing was recorded" in out.stderr and not (tmp_path / "shapes.db").exists()
+
+
 def _interrupt_after_five_steps(cmd, signum):
     """Runs cmd in its own session, sends signum once it printed step 5 (SIGINT to the whole group,
     as a terminal's Ctrl-C does; SIGTERM to the process, as a job scheduler does). Returns the
@@ -162,12 +193,13 @@ def test_interrupted_script_keeps_its_profile_and_exit_code(tmp_path, signum):
 
 def test_script_arguments_are_the_scripts_even_when_they_look_like_hfnns(tmp_path):
     args = ["--steps", "20", "--warmup", "5", "--db", "x.db", "-q", "--", "plain"]
+    # The argv mode runs no torch op: nothing is recorded, which hfnn profile reports as an error (1).
     out = profile(tmp_path, "--steps", "1", str(SCRIPT), "argv", str(tmp_path / "argv.txt"), *args)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1 and "nothing was recorded" in out.stderr, out.stderr
     assert (tmp_path / "argv.txt").read_text().split("\n") == args
     out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "y.db"), "--", sys.executable, str(SCRIPT), "argv",
                           str(tmp_path / "argv2.txt"), "--steps", "3"], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1 and "nothing was recorded" in out.stderr, out.stderr
     assert (tmp_path / "argv2.txt").read_text().split("\n") == ["--steps", "3"]
 
 
@@ -329,6 +361,45 @@ def test_lstm_shapes_are_recorded_with_their_settings(tmp_path):
                                            "SELECT shape, dtype, flags, calls FROM shape_stats WHERE op = 'lstm'")
     assert (shape, dtype, calls) == ("[4,32,64]", "float32", 2)
     assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1,proj=0,dropout=0"
+
+
+_LSTM_AUTOCAST = r"""
+import json, sys, torch, hfnn
+device = sys.argv[1]
+torch.backends.mkldnn.enabled = False  # oneDNN's 16-bit LSTM needs AVX512-BF16; torch's own cell runs on any CPU
+torch.manual_seed(0)
+net, net64 = torch.nn.LSTM(8, 16, batch_first=True).to(device), torch.nn.LSTM(6, 16).double().to(device)
+opt = torch.optim.SGD([*net.parameters(), *net64.parameters()], lr=0.1)
+keys = {}  # input shape -> the dtype hfnn's dispatch looks the call's key up in
+for _ in range(2):
+    x, plain = torch.randn(2, 5, 8, device=device), torch.randn(3, 4, 8, device=device)
+    x64 = torch.randn(5, 2, 6, device=device, dtype=torch.float64)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y, z = net(x)[0], net64(x64)[0]
+        keys.update({str(list(t.shape)).replace(" ", ""): str(hfnn.nn._lstm_compute_dtype(t)) for t in (x, x64)})
+    w = net(plain)[0]
+    keys[str(list(plain.shape)).replace(" ", "")] = str(hfnn.nn._lstm_compute_dtype(plain))
+    (y.float().sum() + z.sum() + w.sum()).backward()
+    opt.step()
+    opt.zero_grad()
+json.dump({k: v.replace("torch.", "") for k, v in keys.items()}, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _cuda_available(), reason="no CUDA device: CUDA autocast runs on the GPU machine"))])
+def test_lstm_under_autocast_is_recorded_in_the_dtype_dispatch_looks_up(tmp_path, device):
+    # aten::lstm is not cast by autocast (cuDNN's _cudnn_rnn is, further down): its input is float32
+    # under bfloat16 autocast, but the call computes in bfloat16 and hfnn.nn looks its key up in
+    # bfloat16 (_lstm_compute_dtype). Recorded as float32, every LSTM of a tuned autocast run was
+    # "shape not tuned". float64 stays float64; outside autocast the input's dtype.
+    script = tmp_path / "lstm_autocast.py"
+    script.write_text(_LSTM_AUTOCAST)
+    out = profile(tmp_path, "-q", "--warmup", "0", str(script), device, str(tmp_path / "keys.json"))
+    assert out.returncode == 0, out.stderr
+    recorded = dict(rows(tmp_path / "shapes.db", "SELECT shape, dtype FROM shape_stats WHERE op = 'lstm'"))
+    assert recorded == {"[2,5,8]": "bfloat16", "[5,2,6]": "float64", "[3,4,8]": "float32"}
+    assert recorded == json.loads((tmp_path / "keys.json").read_text())
 
 
 _LSTM_SETTINGS = r"""
