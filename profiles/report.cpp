@@ -1,12 +1,14 @@
 #include "profiles/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
 #include <vector>
 
 #include "kernels/common/family.h"
+#include "profiles/advice.h"
 
 namespace hfnn::profiles {
 
@@ -156,6 +158,9 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
     s["time_share"] = shape_time[op] > 0 ? s["time_us"].get<double>() / shape_time[op] : 0.0;
   }
   r["shapes"] = shape_rows;
+  // What to do about it: profiles/advice.h's rules on this run's numbers.
+  r["advice"] = advice_json(advise(read_run_facts(db, run_id)));
+  r["advice_rules"] = advice_rule_ids();
   return r;
 }
 
@@ -243,8 +248,31 @@ std::string report_text(const nlohmann::json& r) {
                            s["run_pct"].get<double>(), s["time_us"].get<double>() / 1e3,
                            100 * s["time_share"].get<double>());
   }
+  if (r.contains("advice")) out += advice_text(r);
   if (r.contains("tune")) out += tune_text(r["tune"]);
   return out;
+}
+
+std::string advice_text(const nlohmann::json& r) {
+  const auto& advice = r["advice"];
+  if (advice.empty())
+    return fmt::format("\nAdvice: none; this run's numbers trigger none of the rules ({})\n",
+                       fmt::join(r.value("advice_rules", std::vector<std::string>()), ", "));
+  std::string out = "\nAdvice (most important first)\n";
+  int i = 0;
+  for (const auto& a : advice) {
+    out += fmt::format("  {}. {} [{}]\n", ++i, a["title"].get<std::string>(), a["id"].get<std::string>());
+    out += fmt::format("     Do: {}\n", a["action"].get<std::string>());
+    out += fmt::format("     Evidence: {}\n", a["evidence"].get<std::string>());
+    out += "     " + saving_text(a) + "\n";
+  }
+  return out;
+}
+
+std::string saving_text(const nlohmann::json& a) {
+  if (!a["saving_ms"].is_number()) return fmt::format("Saving: {}", a["saving_note"].get<std::string>());
+  return fmt::format("Saving: up to {:.2f} ms a step ({})", a["saving_ms"].get<double>(),
+                     a["saving_note"].get<std::string>());
 }
 
 std::string speedup_text(const nlohmann::json& speedup) {

@@ -16,7 +16,8 @@ inline constexpr std::pair<const char*, const char*> kModuleShapeOps[] = {
     {"multihead_attention", "MultiheadAttention query shapes"}, {"lstm", "LSTM input shapes"}};
 
 // The report of run `run_id` (0: the newest) as JSON: run, steps, top ops (each with its `category`),
-// categories, kernels (each with its demangled `name`, the `short_name` the tables show, the
+// categories, advice (profiles/advice.h: actions with their evidence and saving) and the ids of
+// the rules checked (advice_rules), kernels (each with its demangled `name`, the `short_name` the tables show, the
 // `raw_name` the database keeps, its `category` and `library`: profiles/kernel_names.h), shapes.
 nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15);
 // The same as text for a terminal (with the tune section when the report has one).
@@ -41,6 +42,10 @@ std::string cpu_bound_note(const nlohmann::json& projection);
 // A tuning key as people read it, by its family: "LayerNorm 32768 x 256"; an op without a family
 // shows its key as it is.
 std::string key_label(const std::string& op, const std::string& key);
+// The report's Advice section (its "advice" array, profiles/advice.h) as text, and one advice's
+// saving in words ("Saving: up to 3.20 ms a step (upper bound: ...)").
+std::string advice_text(const nlohmann::json& report);
+std::string saving_text(const nlohmann::json& advice);
 // The same as one self-contained HTML page (inline CSS and SVG; no script, no network).
 std::string report_html(const nlohmann::json& report);
 

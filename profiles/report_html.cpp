@@ -1,6 +1,6 @@
 // The HTML report: one self-contained file (inline CSS and SVG, no script, no network) that a
-// person reads at a glance: where CPU time goes by op and category, the LayerNorm shapes with
-// their Run%, and step times per rank.
+// person reads at a glance: what to change (the Advice section, first), where CPU time goes by op
+// and category, the LayerNorm shapes with their Run%, and step times per rank.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,6 +49,26 @@ const char* category_color(const std::string& c) {
   return "#868e96";
 }
 
+// The Advice section: what to change, each with its evidence and saving (profiles/advice.h).
+std::string advice_html(const nlohmann::json& r) {
+  std::string h = "<h2 id=\"advice\">Advice</h2>\n";
+  if (r["advice"].empty()) {
+    std::string rules;
+    for (const auto& id : r.value("advice_rules", nlohmann::json::array()))
+      rules += (rules.empty() ? "" : ", ") + fmt::format("<code>{}</code>", escape(id.get<std::string>()));
+    return h + "<p>None: this run's numbers trigger none of the rules (" + rules + ").</p>\n";
+  }
+  h += "<ol class=\"advice\">\n";
+  for (const auto& a : r["advice"])
+    h += fmt::format("<li id=\"advice-{0}\"><b>{1}</b> <span class=\"id\">{0}</span>"
+                     "<div class=\"do\">Do: {2}</div><div class=\"evidence\">Evidence: {3}</div>"
+                     "<div class=\"saving\">{4}</div></li>\n",
+                     escape(a["id"].get<std::string>()), escape(a["title"].get<std::string>()),
+                     escape(a["action"].get<std::string>()), escape(a["evidence"].get<std::string>()),
+                     escape(saving_text(a)));
+  return h + "</ol>\n";
+}
+
 }  // namespace
 
 std::string report_html(const nlohmann::json& r) {
@@ -66,6 +86,8 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
 .name{max-width:460px;overflow:hidden;text-overflow:ellipsis}.bar{vertical-align:middle}
 .stack{display:flex;height:22px;border-radius:4px;overflow:hidden;margin:6px 0}.legend span{margin-right:14px;white-space:nowrap}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
+.advice li{margin:0 0 10px}.advice .do{margin:2px 0}.advice .evidence,.advice .saving{color:#495057;margin:2px 0}
+.advice .id{color:#868e96;font-size:12px}
 </style></head><body>
 )";
   h += fmt::format("<h1>hfnn profile &middot; run {}</h1>\n<div class=\"meta\"><code>{}</code><br>exit code {} &middot; torch {} &middot; hfnn {} &middot; GPU {}</div>\n",
@@ -73,6 +95,7 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                    escape(run["torch"].get<std::string>()), escape(run["hfnn"].get<std::string>()),
                    run["gpu"].is_null() ? std::string("none") : escape(run["gpu"].get<std::string>()));
   h += fmt::format("<div class=\"note\">{}</div>\n", escape(r["cuda_note"].get<std::string>()));
+  if (r.contains("advice")) h += advice_html(r);
 
   // Categories as one stacked bar.
   std::vector<std::pair<double, std::string>> cats;
