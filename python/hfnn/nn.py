@@ -181,14 +181,6 @@ def _lstm_fallback_reason(m: nn.LSTM, input) -> str | None:
     return None
 
 
-def _lstm_choose_dtype_arg(dtype: torch.dtype):
-    """lstm_choose's dtype argument as its schema declares it (a ScalarType, or its name)."""
-    schema = getattr(getattr(torch.ops.hfnn.lstm_choose, "default", None), "_schema", None)
-    if schema is not None and str(schema.arguments[5].type) == "str":
-        return str(dtype).replace("torch.", "")
-    return dtype
-
-
 def _lstm_table_choice(m: nn.LSTM, input: torch.Tensor, plain: bool) -> tuple[str | None, str | None]:
     """(variant, None) to run: the table's winner for the call's key, or "" for the built-in choice;
     (None, reason) for torch's path. Asks the table only under HFNN_DISPATCH_DB."""
@@ -196,7 +188,7 @@ def _lstm_table_choice(m: nn.LSTM, input: torch.Tensor, plain: bool) -> tuple[st
         batch, steps = (input.shape[0], input.shape[1]) if m.batch_first else (input.shape[1], input.shape[0])
         dropout = bool(m.dropout > 0 and m.training and m.num_layers > 1)  # the key's dropout (lstm_family.cpp)
         key = (m.input_size, m.hidden_size, m.num_layers, batch, steps,
-               _lstm_choose_dtype_arg(_lstm_compute_dtype(input)), m.bidirectional, m.batch_first, m.bias, dropout)
+               _lstm_compute_dtype(input), m.bidirectional, m.batch_first, m.bias, dropout)
         device = input.get_device()
         if device >= 0 and device != torch.cuda.current_device():  # lstm_choose reads the current GPU's winners
             with torch.cuda.device(device):

@@ -452,20 +452,6 @@ def test_stats_have_the_lstm_family_with_the_op_library_or_without(counts, monke
                                     "fallbacks": {"train": {"CPU tensor": 2}}}
 
 
-def test_lstm_choose_gets_the_dtype_as_its_schema_declares_it(monkeypatch):
-    """lstm_choose's dtype argument: a ScalarType, or its name where the schema says str."""
-    from types import SimpleNamespace
-
-    def op(type_name):
-        args = [SimpleNamespace(type=t) for t in ("int", "int", "int", "int", "int", type_name)]
-        return SimpleNamespace(default=SimpleNamespace(_schema=SimpleNamespace(arguments=args)))
-
-    monkeypatch.setattr(torch.ops.hfnn, "lstm_choose", op("str"), raising=False)
-    assert hfnn.nn._lstm_choose_dtype_arg(torch.bfloat16) == "bfloat16"
-    monkeypatch.setattr(torch.ops.hfnn, "lstm_choose", op("ScalarType"), raising=False)
-    assert hfnn.nn._lstm_choose_dtype_arg(torch.bfloat16) is torch.bfloat16
-
-
 # ---- the family's key, as kernels/lstm/lstm_family.cpp writes it ------------------------------------------------
 
 def test_parse_key():
