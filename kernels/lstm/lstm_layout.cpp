@@ -62,6 +62,7 @@ BwdLayout bwd_layout(const Shape& s) {
   l.dc = at, at = round_up(at + count(1, B, H) * sizeof(float));
   l.db_splits = static_cast<int>(std::min<int64_t>(kDbMaxSplits, (T * B + kDbRowsPerSplit - 1) / kDbRowsPerSplit));
   l.dbp = at, at = round_up(at + count(l.db_splits, 1, 4 * H) * sizeof(float));
+  l.flags = at, at = round_up(at + count(H, 1, kFlagWords) * sizeof(unsigned));
   l.bytes = at;
   return l;
 }

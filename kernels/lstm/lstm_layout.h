@@ -26,10 +26,13 @@ struct FwdLayout {
 //   dg16  dtype [T, B, 4H]: the same in the dtype for the GEMMs (float32: dg itself)
 //   dh, dc float [B, H]: the recurrent gradients (the steps variant's; the persistent one keeps them on chip)
 //   dbp   float [db_splits, 4H]: partial column sums of dg
+//   flags unsigned [H, kFlagWords]: the persistent backward's readiness words, one a block (a grid
+//          has at most H blocks), each in its own 128-byte line (lstm_persistent.cu)
 struct BwdLayout {
-  std::size_t dg = 0, dg16 = 0, dh = 0, dc = 0, dbp = 0, bytes = 0;
+  std::size_t dg = 0, dg16 = 0, dh = 0, dc = 0, dbp = 0, flags = 0, bytes = 0;
   int db_splits = 1;
 };
+constexpr int kFlagWords = 32;  // 4-byte words from one block's readiness word to the next
 FwdLayout fwd_layout(const Shape& s);
 BwdLayout bwd_layout(const Shape& s);
 

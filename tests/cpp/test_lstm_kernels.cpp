@@ -31,10 +31,11 @@ TEST(LstmKernelsCpu, WorkspaceSizesCoverEveryBuffer) {
   EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * H) * 4);
   s.dtype = DType::kBFloat16;
   EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * H) * 4 + (T + 1) * B * H * 2);
-  // dG [T, B, 4H] in float32 (and the dtype), dh and dc [B, H], db's partial sums.
-  EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 6 + 2 * B * H * 4 + 4 * H * 4);
+  // dG [T, B, 4H] in float32 (and the dtype), dh and dc [B, H], db's partial sums, and the
+  // persistent backward's readiness words: one 128-byte line for each of up to H blocks.
+  EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 6 + 2 * B * H * 4 + 4 * H * 4 + H * 128);
   s.dtype = DType::kFloat32;
-  EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 4 + 2 * B * H * 4 + 4 * H * 4);
+  EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 4 + 2 * B * H * 4 + 4 * H * 4 + H * 128);
   for (int64_t* dim : {&s.steps, &s.batch, &s.input, &s.hidden}) {
     const int64_t keep = *dim;
     *dim = 0;
@@ -416,11 +417,12 @@ TEST(LstmKernels, PersistentCoversItsGeometries) {
   EXPECT_EQ(ran[0], static_cast<int>(cases.size()));
 }
 
-// The persistent variant's exchange (lstm_persistent.cu): a value's readiness is the value itself,
-// the exchanged arrays emptied before each launch. Back-to-back launches on one stream through the
-// SAME workspace and scratch, of two problems whose recurrences differ (biases and initial state
-// on or off), with no synchronisation between them: a launch that read a value the launch before
-// left (a stale value taken for ready) gives the other problem's numbers. On chip (one block, one
+// The persistent variant's exchange (lstm_persistent.cu): in the forward a value's readiness is the
+// value itself, the history emptied before each launch; in the backward one word a block in the
+// scratch, zeroed before each launch. Back-to-back launches on one stream through the SAME
+// workspace and scratch, of two problems whose recurrences differ (biases and initial state on or
+// off), with no synchronisation between them: a launch that read a value the launch before left (a
+// stale value, or a stale word, taken for ready) gives the other problem's numbers. On chip (one block, one
 // stage), one block in several batch chunks (its own values through L2), a grid of several blocks
 // and one a unit; one step, reverse, both float32 and a 16-bit dtype.
 TEST(LstmKernels, PersistentBackToBackLaunchesShareTheirBuffers) {
