@@ -101,6 +101,7 @@ struct BwdBuffers {
   float* dg;
   T* dg16;
   float *dh, *dc, *dbp;
+  unsigned* flags;
 };
 template <typename T>
 BwdBuffers<T> bwd_buffers(const Shape& s, void* scratch) {
@@ -108,7 +109,7 @@ BwdBuffers<T> bwd_buffers(const Shape& s, void* scratch) {
   auto* base = static_cast<unsigned char*>(scratch);
   return {reinterpret_cast<float*>(base + l.dg), reinterpret_cast<T*>(base + l.dg16),
           reinterpret_cast<float*>(base + l.dh), reinterpret_cast<float*>(base + l.dc),
-          reinterpret_cast<float*>(base + l.dbp)};
+          reinterpret_cast<float*>(base + l.dbp), reinterpret_cast<unsigned*>(base + l.flags)};
 }
 
 }  // namespace hfnn::kernels::lstm::detail

@@ -57,11 +57,13 @@ BwdLayout bwd_layout(const Shape& s) {
     l.dg16 = l.dg;
   } else {
     l.dg16 = at, at = round_up(at + count(T, B, 4 * H) * dtype_size(s.dtype));
+    l.dgs = at, at = round_up(at + count(2, B, 4 * H) * dtype_size(s.dtype));
   }
-  l.dh = at, at = round_up(at + count(1, B, H) * sizeof(float));
+  l.dh = at, at = round_up(at + count(2, B, H) * sizeof(float));
   l.dc = at, at = round_up(at + count(1, B, H) * sizeof(float));
   l.db_splits = static_cast<int>(std::min<int64_t>(kDbMaxSplits, (T * B + kDbRowsPerSplit - 1) / kDbRowsPerSplit));
   l.dbp = at, at = round_up(at + count(l.db_splits, 1, 4 * H) * sizeof(float));
+  l.flags = at, at = round_up(at + count(H, 1, kFlagWords) * sizeof(unsigned));
   l.bytes = at;
   return l;
 }

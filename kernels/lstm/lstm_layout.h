@@ -24,12 +24,20 @@ struct FwdLayout {
 // The backward's scratch:
 //   dg    float [T, B, 4H]: the gates' pre-activation gradients, by time
 //   dg16  dtype [T, B, 4H]: the same in the dtype for the GEMMs (float32: dg itself)
-//   dh, dc float [B, H]: the recurrent gradients (the steps variant's; the persistent one keeps them on chip)
+//   dgs   dtype [2B, 4H], 16-bit only: the steps variant's split of one step's dG for its dh GEMM,
+//          rows of dG rounded to the dtype (hi) then rows of the rest (lo = dG - hi, rounded)
+//   dh    float [2, B, H]: the recurrent gradient (the steps variant's; the persistent one keeps it
+//          on chip), in 16-bit the two products hi W_hh and lo W_hh, summed where read
+//   dc    float [B, H]: the recurrent gradient of c (likewise)
 //   dbp   float [db_splits, 4H]: partial column sums of dg
+//   flags unsigned [H, kFlagWords]: the persistent backward's readiness words, one a block (a grid
+//          has at most H blocks), each in its own 128-byte line (lstm_persistent.cu)
 struct BwdLayout {
-  std::size_t dg = 0, dg16 = 0, dh = 0, dc = 0, dbp = 0, bytes = 0;
+  std::size_t dg = 0, dg16 = 0, dh = 0, dc = 0, dbp = 0, flags = 0, bytes = 0;
   int db_splits = 1;
+  std::size_t dgs = 0;
 };
+constexpr int kFlagWords = 32;  // 4-byte words from one block's readiness word to the next
 FwdLayout fwd_layout(const Shape& s);
 BwdLayout bwd_layout(const Shape& s);
 

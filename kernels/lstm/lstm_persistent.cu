@@ -1,6 +1,6 @@
 // The persistent LSTM variant: the input projection as one GEMM up front, then ONE cooperative
-// launch for the whole recurrence (every block resident; blocks wait on each other's values, not on
-// a barrier or flags).
+// launch for the whole recurrence (every block resident; no grid barrier: the forward's blocks wait
+// on each other's values, the backward's on one readiness word a block).
 //
 // Forward. Block b owns hidden units [b*u, b*u + u) and keeps the rows of W_hh for their four
 // gates (4u x H, in the dtype) in shared memory for the whole sequence. A step stages h_{t-1}
@@ -14,34 +14,51 @@
 // stored transposed: u x 4H). A step computes, for its units, dh = dy_t + dh_rec and the gate
 // gradients from the saved gates and c, writes them (dG_t, every block its units' columns), updates
 // dc, and then computes dh_rec for its units = sum over the 4H rows r of W_hh[r, unit] dG_t[b, r]
-// (all of dG_t, read from L2 as the other blocks' values arrive). After the loop dh0 = dh_rec, dc0 = dc; dW
-// and dx are GEMMs over all steps (lstm_common.cu).
+// (all of dG_t, read from L2 once every block has published it). After the loop dh0 = dh_rec,
+// dc0 = dc; dW and dx are GEMMs over all steps (lstm_common.cu).
 //
-// Between steps the data carries its own readiness: no flags, no fences, no grid barrier. Before a
-// launch the exchanged array (the forward's float32 history hs, the backward's float32 dG) is set
-// to an empty mark, the bits 0xffffffff (a NaN; cudaMemsetAsync with 0xff, a memset node in a
-// captured graph, so every replay starts empty, and the memset happens before the kernel in stream
-// order, so no value of an earlier launch can be read: a per-launch epoch tag instead would need
-// 8-byte words, a second copy of the history beside the one the backward's GEMMs read, and workspace
-// the layout does not have). A producer writes each value ONCE with one st.relaxed.gpu.b32 (a value
-// whose bits are the mark is written as the canonical NaN 0x7fffffff instead: the mark never
-// appears as data, so NaN inputs cannot hang a consumer); a consumer loads the values it needs with
-// ld.relaxed.gpu.b32, all of a thread's loads in flight at once, and re-loads only those still
-// empty (at once the first time, then after __nanosleep(32)). PTX ISA, Memory Consistency Model:
-// both accesses are strong, at gpu scope, to the same aligned 4 bytes, so they are morally strong
-// ("Morally strong operations"): their race is defined and the load returns one of the values
-// written, never a mix ("Axioms", Coherence and Atomicity: an aligned access no wider than the
-// access size of the instruction is single-copy atomic); by coherence it cannot return a value the
-// memset overwrote. Nothing but the value itself is communicated, so no release/acquire pattern is
-// needed: a ready step costs one L2 round trip (before: store, release, poll flags, fence, load).
-// Every step writes slots of its own (hs [T+1, B, H], dG [T, B, 4H]), so nothing a slow consumer
-// has still to read is overwritten. Every block is resident (a cooperative launch checks it), so a
-// consumer spinning on a value never waits for a block that is not running, and no block can run
-// more than a step ahead of the slowest (it needs that block's values of the step before).
+// The forward's exchange: the data carries its own readiness, no flags, no fences, no grid barrier.
+// Before a launch the exchanged array (the float32 history hs) is set to an empty mark, the bits
+// 0xffffffff (a NaN; cudaMemsetAsync with 0xff, a memset node in a captured graph, so every replay
+// starts empty, and the memset happens before the kernel in stream order, so no value of an earlier
+// launch can be read: a per-launch epoch tag instead would need 8-byte words, a second copy of the
+// history beside the one the backward's GEMMs read, and workspace the layout does not have). A
+// producer writes each value ONCE with one st.relaxed.gpu.b32 (a value whose bits are the mark is
+// written as the canonical NaN 0x7fffffff instead: the mark never appears as data, so NaN inputs
+// cannot hang a consumer); a consumer loads the values it needs with ld.relaxed.gpu.b32, all of a
+// thread's loads in flight at once, and re-loads only those still empty (at once the first time,
+// then after __nanosleep(32)). PTX ISA, Memory Consistency Model: both accesses are strong, at gpu
+// scope, to the same aligned 4 bytes, so they are morally strong ("Morally strong operations"):
+// their race is defined and the load returns one of the values written, never a mix ("Axioms",
+// Coherence and Atomicity: an aligned access no wider than the access size of the instruction is
+// single-copy atomic); by coherence it cannot return a value the memset overwrote. Nothing but the
+// value itself is communicated, so no release/acquire pattern is needed: a ready step costs one L2
+// round trip (before: store, release, poll flags, fence, load). Every step writes slots of its own
+// (hs [T+1, B, H]; the backward's dG [T, B, 4H] too), so nothing a slow consumer has still to read
+// is overwritten.
+// Every block is resident (a cooperative launch checks it), so a consumer spinning on a value never
+// waits for a block that is not running, and no block can run more than a step ahead of the slowest
+// (it needs that block's values of the step before).
+//
+// The backward's exchange: one readiness word a block (the v2 protocol), in the backward scratch
+// (BwdLayout::flags, each word in its own 128-byte line, zeroed by a memset on the stream before
+// the launch: a memset node in a captured graph, so every replay starts from zero). The values a
+// step exchanges are many (a block reads ALL of dG_t, B x 4H values: 15,760 at H = 985, B = 4)
+// and their producers few (one a block: 124 there), so per-value readiness made every block poll
+// 15,760 addresses a step, re-loading the late ones, where the words are 124 (H200, seed size:
+// backward 12.65 us a step with values as readiness, 10.20 with flags). Block b, once every thread
+// of it has stored its dG_t slice with plain stores (__syncthreads), publishes the count of steps
+// it finished with st.release.gpu (thread 0; cumulative over the block's stores ordered before it
+// by the barrier: the pattern of cooperative_groups' grid sync); a block about to read dG_t polls
+// all words with one warp (ld.relaxed.gpu, 8 a lane in flight), then fence.acq_rel.gpu (with the
+// relaxed reads that observed the releases, the PTX memory model's acquire pattern) and
+// __syncthreads; then it reads dG_t with plain L2 loads, every one of them a value of this step.
+// No memset of dG (T x B x 4H floats: 63 MB at the seed size) before the launch any more.
 //
 // A grid of one block whose batch fits one stage (small steps, plan()) keeps the whole recurrence
 // on chip: the forward writes h_t straight into the staging buffer its next products read, the
-// backward dG_t; the global stores (history, gates, c, y) are not read back in the launch.
+// backward dG_t; the global stores (history, gates, c, y) are not read back in the launch. A grid
+// of one block in several batch chunks reads its own dG_t back after a __syncthreads: no words.
 //
 // The block's products: warps take tiles of 4 weight rows x kBt batch rows (kBt 1, 2 or 4 as the
 // batch allows) and, where tiles are fewer than warps, a split of the row length; each lane sums
@@ -68,7 +85,7 @@ constexpr int64_t kStageBytes = 32 * 1024;
 // 8 chunks x 62 = 496 a step in the backward at B = 32, where it took 90 us a step.)
 constexpr int kStageBatch = 16;
 
-// The exchanged arrays' empty mark (header comment): every byte 0xff, a NaN no step writes.
+// The forward's exchanged array's empty mark (header comment): every byte 0xff, a NaN no step writes.
 constexpr unsigned kEmpty = 0xffffffffu;
 constexpr int kEmptyByte = 0xff;
 
@@ -220,7 +237,8 @@ __device__ __forceinline__ unsigned load_exchange(const float* p) {
 // store_exchange) into v [nb, kp], zero past len, once every value is there. Each thread issues
 // kStageBatch loads before it looks at any, then re-loads only the empty ones: one L2 round trip
 // where the values are ready.
-__device__ __forceinline__ void stage(float* __restrict__ v, const float* src, int b0, int nb, int len, int kp) {
+__device__ __forceinline__ void stage_polling(float* __restrict__ v, const float* src, int b0, int nb, int len,
+                                              int kp) {
   const int n = nb * kp;
   const float* base = src + static_cast<int64_t>(b0) * len;
   for (int i0 = 0; i0 < n; i0 += kThreads * kStageBatch) {
@@ -254,6 +272,69 @@ __device__ __forceinline__ void stage(float* __restrict__ v, const float* src, i
       if (idx < n) v[idx] = __uint_as_float(x[j]);
     }
   }
+}
+
+// The same for values already known to be there (the backward, after wait_all or, one block, a
+// __syncthreads): plain loads from L2, kStageBatch a thread in flight before its first store.
+__device__ __forceinline__ void stage_ready(float* __restrict__ v, const float* src, int b0, int nb, int len, int kp) {
+  const int n = nb * kp;
+  const float* base = src + static_cast<int64_t>(b0) * len;
+  for (int i0 = 0; i0 < n; i0 += kThreads * kStageBatch) {
+    float x[kStageBatch];
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
+      const int bb = idx / kp, k = idx - bb * kp;
+      x[j] = idx < n && k < len ? __ldcg(base + static_cast<int64_t>(bb) * len + k) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
+      if (idx < n) v[idx] = x[j];
+    }
+  }
+}
+
+// The backward's readiness words (header comment): word b (kFlagWords apart) holds the count of
+// steps block b finished; zero at the launch's start. publish() after a __syncthreads that follows
+// every thread's stores of the step.
+__device__ __forceinline__ void publish(unsigned* flags, unsigned done) {
+  if (threadIdx.x == 0) {
+    unsigned* word = flags + static_cast<int64_t>(blockIdx.x) * kFlagWords;
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(word), "r"(done) : "memory");
+  }
+}
+
+__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Returns once every block of the grid published at least `done`; what those blocks stored before
+// publishing is then visible to every thread of this one.
+__device__ __forceinline__ void wait_all(const unsigned* flags, unsigned done) {
+  if (threadIdx.x < 32) {
+    const int grid = static_cast<int>(gridDim.x), lane = static_cast<int>(threadIdx.x);
+    constexpr int kPerRound = 8;  // words a lane loads before comparing any
+    for (int b0 = lane; b0 < grid; b0 += 32 * kPerRound) {
+      for (;;) {
+        unsigned seen[kPerRound];
+#pragma unroll
+        for (int j = 0; j < kPerRound; ++j) {
+          const int b = b0 + 32 * j;
+          seen[j] = b < grid ? load_relaxed(flags + static_cast<int64_t>(b) * kFlagWords) : done;
+        }
+        bool ready = true;
+#pragma unroll
+        for (int j = 0; j < kPerRound; ++j) ready = ready && seen[j] >= done;
+        if (ready) break;
+      }
+    }
+    __syncwarp();
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  }
+  __syncthreads();
 }
 
 template <typename T>
@@ -337,8 +418,8 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
       if (!chip) {
         // (v's last readers, the products of the chunk before, finished before the barrier after
         // them; acc's, the gate phase before, finish before the barrier below.)
-        stage(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
-        __syncthreads();                  // v filled by every thread before any warp's products
+        stage_polling(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
+        __syncthreads();                          // v filled by every thread before any warp's products
       }
       block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
@@ -398,10 +479,15 @@ struct BwdArgs {
   float* dg;
   T* dg16;  // null for float32 (dg is the dtype's)
   T *dh0, *dc0;
+  unsigned* flags;  // the readiness words, zero at the start (grids of several blocks)
 };
 
+// At least 2 blocks an SM: up to 128 registers a thread. Without the bound ptxas (CUDA 13.0,
+// sm_90) chose 64 or 80 registers for 7 of the 9 instances and spilled 20-80 bytes (v3: 3 of them,
+// 56 bytes); with it none spills (95-128 registers). The plan is one block an SM wherever that
+// fits (plan()).
 template <typename T, int kBt>
-__global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<T> a) {
+__global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
   const int u = geo.units, kp = geo.kp, bs = geo.bs, parts = geo.parts;
@@ -431,8 +517,9 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
     for (int idx = tid; idx < B * kp; idx += kThreads) v[idx] = 0.0f;
   __syncthreads();  // the weights and state in shared memory before the first gate phase
 
+  const bool lone = gridDim.x == 1;  // its own dG_t back after a __syncthreads: no words
   // Where every (batch row, unit) of the block is one thread's, the thread loads the cell's inputs
-  // of its next step (saved gates, c_t, c_{t-1}, dy_t) right after writing this step's dG: their
+  // of its next step (saved gates, c_t, c_{t-1}, dy_t) right after publishing this step's dG: their
   // L2 round trip overlaps the wait and the products instead of starting the next step.
   const bool own_one = B * u <= kThreads;
   const int my_b = tid / u, my_j = tid - my_b * u;
@@ -468,15 +555,12 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
       }
       dc[idx] = d.dc_prev;
       // The exchange first (the products' chain), the rest after.
-      float* out = a.dg + row;
       if (chip) {
         float* o = v + b * kp + unit;
         o[0] = d.di, o[H] = d.df, o[2 * H] = d.dg, o[3 * H] = d.dout;
-        out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
-      } else {
-        store_exchange(out, d.di), store_exchange(out + H, d.df), store_exchange(out + 2 * H, d.dg);
-        store_exchange(out + 3 * H, d.dout);
       }
+      float* out = a.dg + row;
+      out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
       if (a.dg16) {
         T* o16 = a.dg16 + row;
         o16[0] = from_float<T>(d.di), o16[H] = from_float<T>(d.df), o16[2 * H] = from_float<T>(d.dg);
@@ -493,13 +577,19 @@ __global__ void __launch_bounds__(kThreads) persistent_bwd_kernel(const BwdArgs<
         if (a.dy) prefetch_l2(a.dy + t_prev * BH + e);
       }
     }
+    const auto done = static_cast<unsigned>(a.steps - s);
+    if (!chip) {
+      __syncthreads();  // every thread's dG_t stores before the release (one block: before the stage)
+      if (!lone) publish(a.flags, done);
+    }
     if (mine && s > 0) load_cell(s - 1);
+    if (!chip && !lone) wait_all(a.flags, done);  // every block's dG_t
     const float* dg_t = a.dg + t * B * G;
     for (int b0 = 0; b0 < B; b0 += bs) {
       const int nb = min(bs, B - b0);
       // (v's last readers, the products of the chunk before, finished before the barrier after
       // them; acc's, the sums below, before the barrier after this stage.)
-      if (!chip) stage(v, dg_t, b0, nb, static_cast<int>(G), kp);  // waits for every block's dG_t of the chunk
+      if (!chip) stage_ready(v, dg_t, b0, nb, static_cast<int>(G), kp);
       __syncthreads();  // v filled (staged, or on chip by the gate phase) before any warp's products
       block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the sums
@@ -662,10 +752,11 @@ cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream) {
     a.w_hh = static_cast<const T*>(p.w_hh), a.dy = static_cast<const T*>(p.dy);
     a.dh_n = static_cast<const T*>(p.dh_n), a.dc_n = static_cast<const T*>(p.dc_n), a.c0 = static_cast<const T*>(p.c0);
     a.gates = ws.gates, a.cs = ws.cs, a.dg = sc.dg, a.dg16 = s.dtype == DType::kFloat32 ? nullptr : sc.dg16;
-    a.dh0 = static_cast<T*>(p.dh0), a.dc0 = static_cast<T*>(p.dc0);
-    if (const cudaError_t e = mark_empty(*geo, s.batch, sc.dg, s.steps * s.batch * 4 * s.hidden, stream);
-        e != cudaSuccess)
-      return e;
+    a.dh0 = static_cast<T*>(p.dh0), a.dc0 = static_cast<T*>(p.dc0), a.flags = sc.flags;
+    if (geo->grid > 1) {  // the readiness words of the launch's blocks to zero (header comment)
+      const std::size_t bytes = static_cast<std::size_t>(geo->grid) * kFlagWords * sizeof(unsigned);
+      if (const cudaError_t e = cudaMemsetAsync(sc.flags, 0, bytes, stream); e != cudaSuccess) return e;
+    }
     return with_tile_batch(tile_batch(s.batch),
                            [&]<int kBt>() { return launch_cooperative(persistent_bwd_kernel<T, kBt>, *geo, stream, a); });
   });
