@@ -111,8 +111,9 @@ std::optional<ShapeKey> layer_norm_shape(const at::RecordFunction& fn, Tunable k
   return key;
 }
 
-// The dtype an LSTM call computes in, which is the dtype of its key: the autocast dtype where
-// autocast is on for the input's device, else the input's own; float64 stays float64. The rule of
+// The dtype an LSTM call computes in, which is the dtype of its key: under autocast float16 on CUDA
+// where cuDNN runs it (whatever the autocast dtype), the autocast dtype elsewhere; else the input's
+// own; float64 stays float64. The rule of
 // hfnn.nn._lstm_compute_dtype, which HFNN_DISPATCH_DB looks keys up with. aten::lstm itself is not
 // cast by autocast (cuDNN's _cudnn_rnn is, on the CPU oneDNN's mkldnn_rnn_layer, further down),
 // so its input is still float32 under bfloat16 autocast: recording that dtype made every LSTM of
@@ -123,7 +124,14 @@ c10::ScalarType lstm_compute_dtype(const at::Tensor& x) {
   if (own == c10::kDouble || !x.is_floating_point()) return own;
   try {
     const auto device = x.device().type();
-    if (at::autocast::is_autocast_enabled(device)) return at::autocast::get_autocast_dtype(device);
+    if (at::autocast::is_autocast_enabled(device)) {
+      // torch's autocast wrapper of cuDNN's _cudnn_rnn casts to half whatever the autocast dtype:
+      // under bfloat16 autocast nn.LSTM on CUDA computes, and returns, float16.
+      if (device == c10::DeviceType::CUDA && at::globalContext().userEnabledCuDNN() &&
+          at::globalContext().hasCuDNN())
+        return c10::kHalf;
+      return at::autocast::get_autocast_dtype(device);
+    }
   } catch (const c10::Error&) {  // a device type autocast does not know (meta, ...): never throw from an observer
   }
   return own;

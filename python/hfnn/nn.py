@@ -154,10 +154,14 @@ def _lstm_shape_scope(m: nn.LSTM, input: torch.Tensor) -> str:
 
 
 def _lstm_compute_dtype(input: torch.Tensor) -> torch.dtype:
-    """The dtype a call computes in: autocast's where autocast is on for the input's device (cuDNN's
-    LSTM casts its input, states and weights to it, and returns outputs in it), else the input's."""
+    """The dtype a call computes in, which torch's module returns its outputs in: the input's own
+    without autocast; under autocast on CUDA, float16 where cuDNN runs it, whatever the autocast
+    dtype (torch's autocast wrapper of _cudnn_rnn casts input, states and weights to half: under
+    bfloat16 autocast nn.LSTM returns float16), else the autocast dtype."""
     device = input.device.type
     if input.dtype != torch.float64 and torch.is_autocast_enabled(device):
+        if device == "cuda" and torch.backends.cudnn.enabled and torch.backends.cudnn.is_available():
+            return torch.float16
         return torch.get_autocast_dtype(device)
     return input.dtype
 
@@ -331,8 +335,8 @@ class LSTM(nn.LSTM):
     hfnn op pair (hfnn::lstm_layer_fwd, and lstm_layer_bwd in the backward reading the forward's
     workspace): layers stacked, the directions' outputs concatenated on the feature dim, dropout
     between layers in training as torch applies it, h0/c0 given or zero, (output, (h_n, c_n)) in
-    torch's layout. Under autocast it computes in the autocast dtype, as cuDNN's LSTM does (input,
-    states and weights cast once; outputs in that dtype).
+    torch's layout. Under autocast it computes in the dtype cuDNN's LSTM does, float16 whatever the
+    autocast dtype (input, states and weights cast once; outputs in that dtype).
 
     Which variant: under HFNN_DISPATCH_DB the key's tuned winner (torch's module where torch won);
     otherwise hfnn's built-in choice from the first H200 measurements (_lstm_builtin_order): the

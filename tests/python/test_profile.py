@@ -390,15 +390,17 @@ json.dump({k: v.replace("torch.", "") for k, v in keys.items()}, open(sys.argv[2
     not _cuda_available(), reason="no CUDA device: CUDA autocast runs on the GPU machine"))])
 def test_lstm_under_autocast_is_recorded_in_the_dtype_dispatch_looks_up(tmp_path, device):
     # aten::lstm is not cast by autocast (cuDNN's _cudnn_rnn is, further down): its input is float32
-    # under bfloat16 autocast, but the call computes in bfloat16 and hfnn.nn looks its key up in
-    # bfloat16 (_lstm_compute_dtype). Recorded as float32, every LSTM of a tuned autocast run was
+    # under bfloat16 autocast, but the call computes in a 16-bit dtype and hfnn.nn looks its key up
+    # in that dtype (_lstm_compute_dtype). Recorded as float32, every LSTM of a tuned autocast run was
     # "shape not tuned". float64 stays float64; outside autocast the input's dtype.
     script = tmp_path / "lstm_autocast.py"
     script.write_text(_LSTM_AUTOCAST)
     out = profile(tmp_path, "-q", "--warmup", "0", str(script), device, str(tmp_path / "keys.json"))
     assert out.returncode == 0, out.stderr
     recorded = dict(rows(tmp_path / "shapes.db", "SELECT shape, dtype FROM shape_stats WHERE op = 'lstm'"))
-    assert recorded == {"[2,5,8]": "bfloat16", "[5,2,6]": "float64", "[3,4,8]": "float32"}
+    # On CUDA cuDNN's autocast wrapper casts to half whatever the autocast dtype: float16 there.
+    low = "float16" if device == "cuda" else "bfloat16"
+    assert recorded == {"[2,5,8]": low, "[5,2,6]": "float64", "[3,4,8]": "float32"}
     assert recorded == json.loads((tmp_path / "keys.json").read_text())
 
 
