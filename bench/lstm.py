@@ -157,6 +157,7 @@ def bench_point(torch, hfnn, args, config, dtype_name, grid=False):
     torch.manual_seed(0)
     m = nn.LSTM(input_size, hidden, args.layers, batch_first=True, bidirectional=args.bidirectional, device="cuda",
                 dtype=dtype)
+    m.flatten_parameters()  # as .to()/.cuda() leave a model: cuDNN's weights in one buffer, no copy a call
     x = torch.randn(batch, steps, input_size, device="cuda", dtype=dtype, requires_grad=True)
     dy = torch.randn(batch, steps, hidden * (2 if args.bidirectional else 1), device="cuda", dtype=dtype)
     fns = {n: f for n, f in candidates(torch, hfnn, m).items() if supported(torch, m, x, n)}

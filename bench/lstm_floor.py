@@ -22,5 +22,6 @@ for H in (8, 32, 128, 256, 512, 985):
             b = lambda: torch.ops.hfnn.lstm_layer_bwd(dy, None, None, x, wi, wh, None, None, ws, False, v)
             out.append(f"{v} fwd {timed(f) / T * 1e3:5.2f} bwd {timed(b) / T * 1e3:5.2f} us/step")
         m = torch.nn.LSTM(H, H, device="cuda")
+        m.flatten_parameters()
         out.append(f"cudnn fwd {timed(lambda: m(x)) / T * 1e3:5.2f}")
         print(f"H={H:4d} B={B:3d}: " + " | ".join(out), flush=True)

@@ -38,6 +38,7 @@ def main():
             dt = getattr(torch, dn)
             torch.manual_seed(0)
             m = torch.nn.LSTM(I, H, device="cuda", dtype=dt)
+            m.flatten_parameters()  # built on the GPU its weights are separate: cuDNN would copy them a call
             x = torch.randn(T, B, I, device="cuda", dtype=dt, requires_grad=True)
             dy = torch.randn(T, B, H, device="cuda", dtype=dt)
             W = [m.weight_ih_l0, m.weight_hh_l0, m.bias_ih_l0, m.bias_hh_l0]

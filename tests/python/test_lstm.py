@@ -73,6 +73,10 @@ def pair(input_size, hidden, layers=1, bidirectional=False, batch_first=False, b
     ours = hfnn.nn.LSTM(input_size, hidden, layers, bias=bias, batch_first=batch_first, dropout=dropout,
                         bidirectional=bidirectional, dtype=dtype, device=device, **kw)
     ours.load_state_dict(ref.state_dict())
+    # A module built on the GPU keeps separate weights until flattened (torch flattens in .to() and
+    # .cuda(), not in the constructor); cuDNN would copy them into one buffer on every call.
+    ref.flatten_parameters()
+    ours.flatten_parameters()
     return ref, ours
 
 
@@ -826,11 +830,10 @@ def test_gpu_flatten_parameters_and_the_swap_keep_cudnns_flat_weights():
     same objects, views of one buffer in cuDNN's order, and torch's module runs on them unwarned."""
     import warnings
 
-    def one_buffer(m):
-        w = m._flat_weights
-        return all(b.data_ptr() == a.data_ptr() + a.numel() * a.element_size() for a, b in zip(w, w[1:]))
+    def one_buffer(m):  # cuDNN's layout: every layer's matrices, then every bias, in one storage
+        return len({t.untyped_storage().data_ptr() for t in m._flat_weights}) == 1
 
-    m = nn.LSTM(16, 32, 2, batch_first=True, device="cuda")
+    m = nn.LSTM(16, 32, 2, batch_first=True).cuda()  # .cuda() flattens (the constructor does not)
     params = list(m.parameters())
     assert one_buffer(m)
     hfnn.to_hfnn(m)

@@ -15,8 +15,9 @@ The error is max|out - ref| / max|ref| (hfnn/_measure.py's rel_error, attention'
 the output, h_n, c_n and every gradient (input, h0, c0, every weight and bias), on fresh inputs with
 h0 and c0 given and random gradients for output, h_n and c_n (every path of the backward used),
 dropout 0, against a float64 CPU run of torch's nn.LSTM with the same weights. Keys with dropout=1
-are timed with p = 0.1. With `plant`, "planted_wrong" (hfnn's built-in choice running each direction
-over the other time order: the same cost, wrong wherever steps > 1) must be rejected by the gate.
+are timed with p = 0.1. With `plant`, "planted_wrong" (the first variant that takes the key running each
+direction over the other time order: the same cost, wrong wherever steps > 1; the built-in choice
+runs cuDNN at many keys) must be rejected by the gate.
 
 install_dispatch(): under HFNN_DISPATCH_DB, when the table has LSTM keys and the op library has
 LSTM kernels, wraps nn.LSTM.forward so each call asks hfnn::lstm_choose for its key's winner: a
@@ -91,6 +92,9 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
     gen = torch.Generator(device=device).manual_seed(0)
     module = nn.LSTM(k["input"], k["hidden"], k["layers"], bias=k["bias"], batch_first=bf, dropout=p,
                      bidirectional=k["bidirectional"], device=device, dtype=dtype).train()
+    # As a model moved with .to()/.cuda() has them: cuDNN's weights in one buffer (built on the
+    # device they are separate, and cuDNN would copy them together on every timed call).
+    module.flatten_parameters()
     x_shape = (k["batch"], k["steps"], k["input"]) if bf else (k["steps"], k["batch"], k["input"])
     y_shape = x_shape[:2] + (dirs * k["hidden"],)
     state_shape = (k["layers"] * dirs, k["batch"], k["hidden"])
@@ -112,11 +116,11 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
     if hasattr(torch.ops.hfnn, "lstm_layer_fwd"):
         x0 = sets[0][0].detach()
         x0 = (x0.transpose(0, 1) if bf else x0).contiguous()
-        for v in torch.ops.hfnn.lstm_variants():
-            if torch.ops.hfnn.lstm_supports(x0, module.weight_hh_l0, v):
-                fns[v] = variant_call(v)
-        if plant and k["steps"] > 1:
-            fns["planted_wrong"] = variant_call("", flip=True)
+        taking = [v for v in torch.ops.hfnn.lstm_variants() if torch.ops.hfnn.lstm_supports(x0, module.weight_hh_l0, v)]
+        for v in taking:
+            fns[v] = variant_call(v)
+        if plant and k["steps"] > 1 and taking:
+            fns["planted_wrong"] = variant_call(taking[0], flip=True)
 
     # Correctness: fresh inputs and states, random gradients for every output, dropout 0, against
     # torch's module in float64 on the CPU with the same weights.
