@@ -47,8 +47,9 @@ def main():
             m.flatten_parameters()
             flat = timed(step)
             print(f"{[i, h, b, t]} {name}: cuDNN fwd+bwd, separate weights {separate:.3f} ms, flattened {flat:.3f} ms")
-            recs.append(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=dt.date.today().isoformat(),
-                             config=[i, h, b, t], dtype=name, separate_ms=round(separate, 3), flat_ms=round(flat, 3)))
+            recs.append(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                             date=dt.date.today().isoformat(), config=[i, h, b, t], dtype=name,
+                             separate_ms=round(separate, 3), flat_ms=round(flat, 3)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(recs, f, indent=1)

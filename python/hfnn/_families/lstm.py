@@ -116,7 +116,8 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
     if hasattr(torch.ops.hfnn, "lstm_layer_fwd"):
         x0 = sets[0][0].detach()
         x0 = (x0.transpose(0, 1) if bf else x0).contiguous()
-        taking = [v for v in torch.ops.hfnn.lstm_variants() if torch.ops.hfnn.lstm_supports(x0, module.weight_hh_l0, v)]
+        taking = [v for v in torch.ops.hfnn.lstm_variants()
+                  if torch.ops.hfnn.lstm_supports(x0, module.weight_hh_l0, v)]
         for v in taking:
             fns[v] = variant_call(v)
         if plant and k["steps"] > 1 and taking:
