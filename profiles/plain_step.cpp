@@ -15,17 +15,29 @@ double median(std::vector<double> v) {
 
 namespace {
 
-// Why a run has no plain step, and what would give it one.
-std::string why_none(const PlainStep& p, int64_t warmup, int64_t steps, int64_t boundaries) {
+// The fewest plain steps a median is taken of (fewer where fewer were asked): one step is one
+// sample of a noisy wall time, and a median of three is not moved by one outlier (a part file
+// written, a collective waiting on a late rank).
+constexpr int64_t kMinPlainSteps = 3;
+
+std::string steps_text(int64_t n) { return fmt::format("{} step{}", n, n == 1 ? "" : "s"); }
+
+// Why a run has no plain step, and what would give it one. `timed`: the most plain steps a rank
+// timed, too few for a median.
+std::string why_none(const PlainStep& p, int64_t warmup, int64_t steps, int64_t boundaries, int64_t timed) {
   if (!p.requested) return "this run was recorded by an hfnn that did not time steps without the profiler";
   if (p.ranks.empty()) return "the script has no steps (no optimizer.step() or hfnn.step() was seen)";
   if (steps == 0)
     return "--steps 0 records every step to the end, so none ran without the profiler; give --steps N to time "
            "--plain-steps after them";
   if (*p.requested == 0) return "--plain-steps 0";
-  return fmt::format("the script ended first: it ran {} steps, and timing {} plain steps needs {} (--warmup {} + "
+  return fmt::format("the script ended first: it ran {}{}, and timing {} plain steps needs {} (--warmup {} + "
                      "--steps {} + 1 for the profiler's tear-down + --plain-steps {}); run that many, or lower --steps",
-                     boundaries, *p.requested, warmup + steps + 1 + *p.requested, warmup, steps, *p.requested);
+                     steps_text(boundaries),
+                     timed > 0 ? fmt::format(", {} of them plain (a median takes {})", timed,
+                                             std::min(kMinPlainSteps, *p.requested))
+                               : "",
+                     *p.requested, warmup + steps + 1 + *p.requested, warmup, steps, *p.requested);
 }
 
 }  // namespace
@@ -55,7 +67,7 @@ PlainStep read_plain_step(Database& db, int64_t run_id) {
     s.bind(1, run_id);
     while (s.step()) walls[s.column_int(0)].push_back(s.column_double(1));
   }
-  std::map<int64_t, std::pair<int64_t, std::optional<double>>> plain;  // rank -> (steps, median)
+  std::map<int64_t, std::pair<int64_t, double>> plain;  // rank -> (plain steps, their median)
   int64_t boundaries = 0;
   {
     // A rank's process with the most plain steps (a DataLoader worker of that rank has none).
@@ -70,14 +82,18 @@ PlainStep read_plain_step(Database& db, int64_t run_id) {
     }
   }
   double plain_sum = 0, profiled_with_plain = 0, profiled_all = 0;
-  int64_t with_plain = 0;
+  int64_t with_plain = 0, too_few = 0;
+  const int64_t min_steps = std::min(kMinPlainSteps, std::max<int64_t>(1, p.requested.value_or(1)));
   for (const auto& [rank, wall] : walls) {
     RankSteps r;
     r.rank = rank;
     r.steps = static_cast<int64_t>(wall.size());
     r.profiled_ms = median(wall);
     profiled_all += r.profiled_ms;
-    if (const auto it = plain.find(rank); it != plain.end() && it->second.first > 0) {
+    if (const auto it = plain.find(rank); it != plain.end() && it->second.first < min_steps) {
+      too_few = std::max(too_few, it->second.first);
+      r.plain_steps = it->second.first;
+    } else if (it != plain.end()) {
       r.plain_steps = it->second.first;
       r.plain_ms = it->second.second;
       plain_sum += *r.plain_ms;
@@ -96,7 +112,7 @@ PlainStep read_plain_step(Database& db, int64_t run_id) {
                            p.plain_steps, *p.requested, warmup + steps + 1 + *p.requested, warmup, steps, *p.requested);
   } else {
     p.profiled_ms = p.ranks.empty() ? 0.0 : profiled_all / static_cast<double>(p.ranks.size());
-    p.note = why_none(p, warmup, steps, boundaries);
+    p.note = why_none(p, warmup, steps, boundaries, too_few);
   }
   return p;
 }
@@ -110,9 +126,9 @@ nlohmann::json plain_step_json(const PlainStep& p) {
                             : *cost < 0.005 ? "about 0%"
                                             : fmt::format("{:.0f}%", 100 * *cost);
     text = fmt::format("The profiler cost this run {}: a step took {:.2f} ms under it and {:.2f} ms without it "
-                       "(the plain step: median of {} steps timed after the recorded ones with collection off{}). The "
+                       "(the plain step: median of {} timed after the recorded ones with collection off{}). The "
                        "GPU's busy share, the advice and hfnn tune's projection take the plain step",
-                       pct, p.profiled_ms, *p.plain_ms, p.plain_steps, p.note.empty() ? "" : "; " + p.note);
+                       pct, p.profiled_ms, *p.plain_ms, steps_text(p.plain_steps), p.note.empty() ? "" : "; " + p.note);
   } else {
     text = fmt::format("What the profiler cost this run is not known: no plain step ({}). The GPU's busy share, the "
                        "advice and hfnn tune's projection take the step under the profiler{}, which the profiler "

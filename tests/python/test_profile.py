@@ -510,5 +510,7 @@ def test_torchrun_gives_one_profile_with_every_rank(tmp_path):
     report = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"],
                                        capture_output=True, text=True).stdout)
     assert [s["rank"] for s in report["steps"]] == [0, 1]
+    assert [s["plain_step_ms"] for s in report["steps"]] == pytest.approx([ms for _, _, ms in plain])
+    assert report["profiler_cost"]["plain_step_ms"] == pytest.approx((plain[0][2] + plain[1][2]) / 2)
     assert all(0 < s["communication_share"] < 1 for s in report["steps"])  # gloo all-reduce of the gradients
     assert "communication" in report["categories"]
