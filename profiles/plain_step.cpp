@@ -125,15 +125,15 @@ nlohmann::json plain_step_json(const PlainStep& p) {
     const std::string pct = *cost < -0.005 ? "nothing measurable (the steps without it took longer: host noise)"
                             : *cost < 0.005 ? "about 0%"
                                             : fmt::format("{:.0f}%", 100 * *cost);
-    text = fmt::format("The profiler cost this run {}: a step took {:.2f} ms under it and {:.2f} ms without it "
-                       "(the plain step: median of {} timed after the recorded ones with collection off{}). The "
-                       "GPU's busy share, the advice and hfnn tune's projection take the plain step",
+    text = fmt::format("The profiler cost this run {}: the median step took {:.2f} ms under it and {:.2f} ms without "
+                       "it (the plain step: {} timed after the recorded ones with collection off{}). The GPU's busy "
+                       "share, the advice and hfnn tune's projection take the plain step",
                        pct, p.profiled_ms, *p.plain_ms, steps_text(p.plain_steps), p.note.empty() ? "" : "; " + p.note);
   } else {
     text = fmt::format("What the profiler cost this run is not known: no plain step ({}). The GPU's busy share, the "
                        "advice and hfnn tune's projection take the step under the profiler{}, which the profiler "
                        "stretches where the step is CPU-bound",
-                       p.note, p.ranks.empty() ? "" : fmt::format(" ({:.2f} ms)", p.profiled_ms));
+                       p.note, p.ranks.empty() ? "" : fmt::format(" (median {:.2f} ms)", p.profiled_ms));
   }
   auto optional = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
   return {{"plain_step_ms", optional(p.plain_ms)}, {"profiled_step_ms", p.profiled_ms},
