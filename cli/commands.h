@@ -24,6 +24,7 @@ struct ProfileOptions {
   std::string db = "shapes.db";
   int warmup = 2;
   int steps = 10;
+  int plain_steps = 10;
   std::string report = "text";
   bool quiet = false;
   std::string python;

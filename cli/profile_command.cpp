@@ -69,6 +69,7 @@ int run_child(const std::vector<std::string>& argv, const ProfileOptions& o, con
     setenv("HFNN_PROFILE_DIR", parts.c_str(), 1);
     setenv("HFNN_PROFILE_WARMUP", std::to_string(o.warmup).c_str(), 1);
     setenv("HFNN_PROFILE_STEPS", std::to_string(o.steps).c_str(), 1);
+    setenv("HFNN_PROFILE_PLAIN_STEPS", std::to_string(o.plain_steps).c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -171,6 +172,15 @@ CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::st
   sub->add_option("--steps", o->steps, "Steps to record, then the script runs on untouched (0: until it ends)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--plain-steps", o->plain_steps,
+                  "Steps to time after the recorded ones with every collection off (no op callbacks, no CUDA "
+                  "activity), after one step left out for the profiler's tear-down: their median is the plain step, "
+                  "against which the reports state what the profiler cost this run, and take the GPU's busy share, "
+                  "the advice and hfnn tune's projection (0: none; then, or when the script ends first, they use the "
+                  "step under the profiler and say so). Needs --steps above 0 and a script that runs --warmup + "
+                  "--steps + 1 + --plain-steps steps")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--report", o->report, "Report at the end: printed (text, json), or html: a page next to --db")->capture_default_str()->check(
       CLI::IsMember({"text", "html", "json", "none"}));
   sub->add_flag("--quiet,-q", o->quiet, "Print only where the run was written");
@@ -224,6 +234,7 @@ int run_profile(const ProfileOptions& o) {
   info.started_at = utc_now();
   info.warmup = o.warmup;
   info.steps_requested = o.steps;
+  info.plain_steps_requested = o.plain_steps;
   info.exit_code = run_child(argv, o, parts.path);
   info.finished_at = utc_now();
 

@@ -194,7 +194,7 @@ void setup_tune(CLI::App& app, int& exit_code) {
   sub->add_option("--top", o->top, "Tune only the N keys with the largest share of time (0: all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--min-share", o->min_share, "Skip keys under this share of the step's GPU busy time (wall time in a profile without CUDA activity), in percent")
+  sub->add_option("--min-share", o->min_share, "Skip keys under this share of the step, in percent: of the plain step (timed without the profiler) where the run has one, else of its GPU busy time (wall time in a profile without CUDA activity)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
   sub->add_option("--budget", o->budget, "Stop starting new keys after this many seconds (0: no limit)")

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <utility>
 
+#include "profiles/plain_step.h"
+
 namespace hfnn::profiles {
 namespace {
 
@@ -46,11 +48,22 @@ double ms(double us) { return us / 1e3; }
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
 
-// 1. The GPU idles for much of the step while the CPU launches many small kernels.
+// How to read a saving of the GPU's idle time, by the step it is of.
+std::string idle_saving_note(const RunFacts& f) {
+  return f.plain_step_ms ? "upper bound: the GPU's idle time in the plain step (timed with the profiler off); the step "
+                           "gets no shorter than the GPU's busy time"
+                         : "upper bound: the GPU's idle time in a step measured under the profiler, which itself "
+                           "stretches CPU-bound steps (no plain step); the step gets no shorter than the GPU's busy time";
+}
+
+// 1. The GPU idles for much of the step while the CPU launches many small kernels. The share and
+// the launch rate are of the plain step where the run has one: under the profiler a CPU-bound step
+// is longer, which makes the GPU look idler and the launches sparser than they are.
 std::optional<Advice> cpu_bound_launches(const RunFacts& f) {
-  if (!f.gpu_busy_ms || f.step_ms <= 0 || f.rank_steps == 0) return std::nullopt;
-  const double busy = *f.gpu_busy_ms, share = busy / f.step_ms;
-  const double launches = f.per_step(static_cast<double>(f.gpu_activities)), rate = launches / f.step_ms;
+  const double step = f.basis_step_ms();
+  if (!f.gpu_busy_ms || step <= 0 || f.rank_steps == 0) return std::nullopt;
+  const double busy = *f.gpu_busy_ms, share = busy / step;
+  const double launches = f.per_step(static_cast<double>(f.gpu_activities)), rate = launches / step;
   if (share >= kCpuBoundBusyShare || rate < kHighLaunchRatePerMs) return std::nullopt;
   Advice a;
   a.severity = kSeverityStep;
@@ -58,20 +71,20 @@ std::optional<Advice> cpu_bound_launches(const RunFacts& f) {
   a.action = "Launch fewer, larger kernels: capture the step in a CUDA graph (torch.compile(mode=\"reduce-overhead\") "
              "or torch.cuda.graphs), fuse its small ops with torch.compile, or raise the batch size so each launch "
              "does more work";
-  a.evidence = fmt::format("GPU busy {:.2f} ms of a {:.2f} ms step; {:.0f} kernel launches a step ({:.1f} a ms of "
+  a.evidence = fmt::format("GPU busy {:.2f} ms of {}; {:.0f} kernel launches a step ({:.1f} a ms of "
                            "step, {:.1f} µs of GPU time each on average)",
-                           busy, f.step_ms, launches, rate, launches > 0 ? 1e3 * busy / launches : 0.0);
-  a.saving_ms = f.step_ms - busy;
-  a.saving_note = "upper bound: the GPU's idle time in a step measured under the profiler, which itself stretches "
-                  "CPU-bound steps; the step gets no shorter than the GPU's busy time";
+                           busy, f.step_text(), launches, rate, launches > 0 ? 1e3 * busy / launches : 0.0);
+  a.saving_ms = step - busy;
+  a.saving_note = idle_saving_note(f);
   return a;
 }
 
 // 1b. The GPU idles but launches are few: the CPU is busy with something else (data, Python).
 std::optional<Advice> gpu_idle_host_work(const RunFacts& f) {
-  if (!f.gpu_busy_ms || f.step_ms <= 0 || f.rank_steps == 0) return std::nullopt;
-  const double busy = *f.gpu_busy_ms, share = busy / f.step_ms;
-  const double launches = f.per_step(static_cast<double>(f.gpu_activities)), rate = launches / f.step_ms;
+  const double step = f.basis_step_ms();
+  if (!f.gpu_busy_ms || step <= 0 || f.rank_steps == 0) return std::nullopt;
+  const double busy = *f.gpu_busy_ms, share = busy / step;
+  const double launches = f.per_step(static_cast<double>(f.gpu_activities)), rate = launches / step;
   if (share >= kCpuBoundBusyShare || rate >= kHighLaunchRatePerMs) return std::nullopt;
   Advice a;
   a.severity = kSeverityStep;
@@ -79,11 +92,11 @@ std::optional<Advice> gpu_idle_host_work(const RunFacts& f) {
   a.action = "Find the host work between launches: data loading (DataLoader num_workers, pin_memory=True with "
              "non_blocking=True copies), Python-side preprocessing or logging in the loop, and the ops with the "
              "most CPU self time above";
-  a.evidence = fmt::format("GPU busy {:.2f} ms of a {:.2f} ms step; only {:.0f} kernel launches a step ({:.1f} a ms "
+  a.evidence = fmt::format("GPU busy {:.2f} ms of {}; only {:.0f} kernel launches a step ({:.1f} a ms "
                            "of step)",
-                           busy, f.step_ms, launches, rate);
-  a.saving_ms = f.step_ms - busy;
-  a.saving_note = "upper bound: the GPU's idle time in a step measured under the profiler";
+                           busy, f.step_text(), launches, rate);
+  a.saving_ms = step - busy;
+  a.saving_note = idle_saving_note(f);
   return a;
 }
 
@@ -190,6 +203,12 @@ constexpr std::pair<const char*, Rule> kRules[] = {
 
 }  // namespace
 
+std::string RunFacts::step_text() const {
+  if (plain_step_ms)
+    return fmt::format("a {:.2f} ms step without the profiler ({:.2f} ms under it)", *plain_step_ms, profiled_step_ms);
+  return fmt::format("a {:.2f} ms step under the profiler (no plain step)", step_ms);
+}
+
 OpTotals RunFacts::op(const std::string& name) const {
   const auto it = ops.find(name);
   return it == ops.end() ? OpTotals{} : it->second;
@@ -203,6 +222,9 @@ RunFacts read_run_facts(Database& db, int64_t run_id) {
   f.rank_steps = steps.column_int(0);
   f.step_ms = steps.column_double(1);
   if (!steps.column_is_null(2)) f.gpu_busy_ms = steps.column_double(2);
+  const PlainStep plain = read_plain_step(db, run_id);
+  f.plain_step_ms = plain.plain_ms;
+  f.profiled_step_ms = plain.profiled_ms;
   Statement kernels(db.handle(), "SELECT coalesce(sum(calls), 0) FROM kernel_stats WHERE run_id = ?");
   kernels.bind(1, run_id);
   kernels.step();

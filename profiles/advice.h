@@ -28,6 +28,10 @@ struct RunFacts {
   bool has_cuda = false;      // some op had CUDA time (CUPTI saw the run's kernels)
   int64_t rank_steps = 0;     // recorded steps summed over ranks: per-step numbers divide by this
   double step_ms = 0;         // mean wall time of a recorded step (over ranks)
+  // The step timed with collection off after the recorded ones (profiles/plain_step.h), and the
+  // recorded one it compares with (medians); empty where the run has none.
+  std::optional<double> plain_step_ms;
+  double profiled_step_ms = 0;
   std::optional<double> gpu_busy_ms;  // mean GPU busy time of a step, where recorded
   int64_t gpu_activities = 0;  // kernels, memcpys and memsets over the recorded steps (all ranks)
   double cuda_self_total_us = 0;  // every op's CUDA self time: the GPU time ops account for
@@ -35,6 +39,11 @@ struct RunFacts {
 
   // calls / rank_steps (0 without steps).
   double per_step(double total) const { return rank_steps > 0 ? total / rank_steps : 0.0; }
+  // The step the GPU's busy share is of: the plain step, else the recorded one (stretched by the
+  // profiler where it is CPU-bound).
+  double basis_step_ms() const { return plain_step_ms.value_or(step_ms); }
+  // That step in words, for the evidence: "a 35.00 ms step without the profiler (58.00 ms under it)".
+  std::string step_text() const;
   // The op's totals, zero when it did not run.
   OpTotals op(const std::string& name) const;
 };

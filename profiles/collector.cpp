@@ -26,6 +26,7 @@
 
 #define HFNN_GPU_ACTIVITY (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
 #if HFNN_GPU_ACTIVITY
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <cuda_runtime_api.h>
 
 #include "profiles/cupti_activity.h"
@@ -221,6 +222,12 @@ struct KernelTotals {
 
 std::atomic<uint64_t> g_next_id{1};
 
+// What the collector does, step by step: warm-up and the recorded steps (every op observed, CUDA
+// activity on), then the plain steps (nothing collected: only step boundaries are seen, to time
+// them), then nothing at all: the script runs on untouched.
+enum class Phase { kRecording, kPlain, kDone };
+constexpr std::string_view kOptimizerStep = "Optimizer.step#";
+
 thread_local std::vector<Frame> t_stack;
 thread_local int t_backward_depth = 0;
 
@@ -251,8 +258,14 @@ struct State {
   std::vector<uint64_t> step_first_id;  // first op call id of each recorded step
   std::atomic<bool> recording{false};
   uint64_t generation = 0;  // bumped whenever `ops` is cleared: per-thread caches of it go stale
-  std::optional<at::CallbackHandle> handle;
-  bool stopped = false;
+  std::optional<at::CallbackHandle> handle;  // the observer of the phase (none once done)
+  Phase phase = Phase::kRecording;
+  // The plain step: `plain_steps` step times after the recorded ones, with every collection off.
+  int plain_steps = 0;
+  bool plain_settled = false;  // the first interval after the recorded steps (the tear-down's) is behind
+  std::vector<double> plain_ms;
+  bool gpu_finished = false;  // CUDA activity stopped and every record of the recorded steps attributed
+  bool started = false, stopped = false;
 };
 
 State& state() {
@@ -287,6 +300,7 @@ void settle_busy(State& s, size_t i) {
 nlohmann::json part_json(const State& s) {
   nlohmann::json ops = nlohmann::json::array(), shapes = nlohmann::json::array();
   for (const auto& [key, t] : s.ops) {
+    if (key.first.rfind("hfnn::profiler_", 0) == 0) continue;  // the collector's own ops are not the script's
     nlohmann::json o = {{"name", key.first}, {"phase", key.second}, {"calls", t.calls},
                         {"cpu_total_us", t.total_ns / 1e3}, {"cpu_self_us", t.self_ns / 1e3}};
     if (t.forward_op) o["forward_op"] = *t.forward_op;
@@ -307,7 +321,8 @@ nlohmann::json part_json(const State& s) {
   for (const auto& [name, k] : s.kernels) kernels.push_back({{"name", name}, {"calls", k.calls}, {"cuda_us", k.ns / 1e3}});
   nlohmann::json part = {{"format", "hfnn-profile-part"}, {"version", 1}, {"meta", s.meta},
                          {"warmup", s.warmup}, {"steps_requested", s.steps}, {"step_boundaries", s.boundaries},
-                         {"step_ms", s.step_ms}, {"ops", ops}, {"shapes", shapes}, {"kernels", kernels}};
+                         {"step_ms", s.step_ms}, {"plain_step_ms", s.plain_ms}, {"ops", ops}, {"shapes", shapes},
+                         {"kernels", kernels}};
   if (s.gpu) {
     std::vector<double> busy = s.step_gpu_ms;  // with the steps not settled yet
     for (size_t i = 0; i < busy.size() && i < s.step_intervals.size(); ++i)
@@ -392,14 +407,100 @@ void forget_old_locked(State& s) {
   for (auto it = s.correlation.begin(); it != s.correlation.end();)
     it = it->second < keep_from ? s.correlation.erase(it) : std::next(it);
 }
+// The recorded steps' CUDA activity, finished: the device drained so their last kernels complete,
+// every record attributed, CUPTI's activity disabled (nothing of it runs in the steps after) and
+// each step's busy time settled. Once, at the end of the recorded steps or at exit, whichever is first.
+void finish_gpu_locked(State& s) {
+  if (!s.gpu || s.gpu_finished) return;
+  s.gpu_finished = true;
+  // Never inside a CUDA graph capture (an optimizer step captured with torch.cuda.graph): a device
+  // synchronisation would invalidate it. The records of kernels still running are then incomplete.
+  bool capturing = true;
+  try {
+    capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  } catch (const c10::Error&) {  // never throw from an observer
+    (void)cudaGetLastError();
+  }
+  if (!capturing && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  attribute_locked(s, true);
+  CuptiActivity::stop();
+  for (size_t i = 0; i < s.step_intervals.size(); ++i) settle_busy(s, i);
+  s.invocations.clear();
+  s.correlation.clear();
+}
 #else
 void attribute_locked(State&, bool) {}
 void forget_old_locked(State&) {}
+void finish_gpu_locked(State&) {}
 #endif
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn);
+void on_end(const at::RecordFunction& fn, at::ObserverContext*);
+void boundary_locked(State& s);
+
+// The plain steps' observer: user scopes only (torch.optim's "Optimizer.step#..." is one), no
+// inputs, nothing recorded. Ops and autograd nodes, which are FUNCTION and BACKWARD_FUNCTION
+// records, run no callback of hfnn's at all then (torch checks for callbacks per scope).
+std::unique_ptr<at::ObserverContext> on_step_start(const at::RecordFunction&) { return nullptr; }
+
+void on_step_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (std::string_view(fn.name()).rfind(kOptimizerStep, 0) != 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.phase == Phase::kPlain && !s.stopped) boundary_locked(s);
+}
+
+void observe_locked(State& s, Phase phase) {
+  if (s.handle) at::removeCallback(*s.handle);  // safe inside a callback: a record keeps the callbacks it began with
+  s.handle.reset();
+  s.phase = phase;
+  if (phase == Phase::kRecording)
+    s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                         .needsInputs(true)
+                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                                                  at::RecordScope::USER_SCOPE}));
+  else if (phase == Phase::kPlain)
+    s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_step_start, on_step_end)
+                                         .scopes({at::RecordScope::USER_SCOPE}));
+}
+
+// The last recorded step ended: every collection stops (op observer, CUDA activity) and the part
+// is written whole; then the plain steps are timed, or with --plain-steps 0 the script runs on
+// untouched. (The Python side's labels, hfnn._startup's, go at the next step: it asks
+// profiler_recording after each.)
+void end_recording_locked(State& s) {
+  s.recording = false;
+  finish_gpu_locked(s);
+  observe_locked(s, s.plain_steps > 0 ? Phase::kPlain : Phase::kDone);
+  write_part(s);
+}
+
+// A step boundary after the recorded steps. The plain step is the wall time between two of them,
+// as a recorded step's is between two boundaries, so the two compare. The first interval is not
+// one: it holds the collector's tear-down (the part written, on a GPU the device drained and
+// CUPTI's buffers flushed and disabled), on a GPU the last recorded step's kernels still queued
+// when its boundary came, and, until its optimizer step, the Python side's labels; so it is left
+// out. After `plain_steps` of them nothing is observed any more.
+void plain_boundary_locked(State& s, int64_t t) {
+  if (!s.plain_settled) {
+    s.plain_settled = true;
+    return;
+  }
+  s.plain_ms.push_back((t - s.last_boundary_ns) / 1e6);
+  if (static_cast<int>(s.plain_ms.size()) >= s.plain_steps) {
+    observe_locked(s, Phase::kDone);
+    write_part(s);
+  }
+}
 
 void boundary_locked(State& s) {
   const int64_t t = now_ns();
   ++s.boundaries;
+  if (s.phase == Phase::kPlain) {
+    plain_boundary_locked(s, t);
+    s.last_boundary_ns = t;
+    return;
+  }
   attribute_locked(s, false);
   s.seq_ops.clear();  // a step's backward follows its forward: the map stays one step small
   if (s.boundaries <= s.warmup) {  // warm-up: forget what was seen so far
@@ -422,10 +523,11 @@ void boundary_locked(State& s) {
       s.step_intervals.emplace_back();
       s.step_first_id.push_back(g_next_id.load());
     }
-    if (last) s.recording = false;  // the script runs on untouched
     // Rewritten at most once a second (and after the last step): a crash loses at most that much,
     // and short steps do not pay for file writes.
-    if (last || t - s.last_write_ns > 1'000'000'000) {
+    if (last) {
+      end_recording_locked(s);
+    } else if (t - s.last_write_ns > 1'000'000'000) {
       write_part(s);
       s.last_write_ns = t;
     }
@@ -485,7 +587,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (!t_stack.empty()) t_stack.back().child_ns += total;
   State& s = state();
   const std::string_view name = fn.name();
-  const bool is_step = name.rfind("Optimizer.step#", 0) == 0;
+  const bool is_step = name.rfind(kOptimizerStep, 0) == 0;
   if (!s.recording.load(std::memory_order_relaxed) && !is_step) return;
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.recording) {
@@ -546,7 +648,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     // and the invocations together.
     if (f.id != 0) s.invocations[f.id] = Invocation{&t, shape, f.parent, static_cast<int>(s.step_ms.size())};
   }
-  if (is_step && !s.stopped) boundary_locked(s);
+  if (is_step && !s.stopped && s.phase == Phase::kRecording) boundary_locked(s);
 }
 
 }  // namespace
@@ -555,10 +657,12 @@ void start(const std::string& config_json) {
   const auto config = nlohmann::json::parse(config_json);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  TORCH_CHECK(!s.handle, "hfnn profiler: already started in this process");
+  TORCH_CHECK(!s.started, "hfnn profiler: already started in this process");
+  s.started = true;
   s.meta = config.value("meta", nlohmann::json::object());
   s.warmup = config.value("warmup", 0);
   s.steps = config.value("steps", 0);
+  s.plain_steps = s.steps > 0 ? config.value("plain_steps", 0) : 0;  // --steps 0 records to the end
   const std::string dir = config.value("dir", "");
   if (!dir.empty()) {
     const std::string rank = s.meta.contains("rank") ? s.meta["rank"].dump() : "0";
@@ -579,33 +683,29 @@ void start(const std::string& config_json) {
   s.step_intervals.assign(1, {});
   s.step_first_id.assign(1, g_next_id.load());
   s.recording = true;
-  s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
-                                       .needsInputs(true)
-                                       .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                                                at::RecordScope::USER_SCOPE}));
+  observe_locked(s, Phase::kRecording);
 }
 
 void step() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.handle && !s.stopped) boundary_locked(s);
+  if (s.started && !s.stopped && s.phase != Phase::kDone) boundary_locked(s);
+}
+
+bool recording() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.started && !s.stopped && s.phase == Phase::kRecording;
 }
 
 void stop() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (!s.handle || s.stopped) return;
+  if (!s.started || s.stopped) return;
   s.stopped = true;
   s.recording = false;
-  at::removeCallback(*s.handle);
-#if HFNN_GPU_ACTIVITY
-  if (s.gpu) {
-    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();  // the last kernels finish
-    attribute_locked(s, true);
-    CuptiActivity::stop();
-    for (size_t i = 0; i < s.step_intervals.size(); ++i) settle_busy(s, i);
-  }
-#endif
+  observe_locked(s, Phase::kDone);
+  finish_gpu_locked(s);  // the last kernels finish (when the script ended while recording)
   // step_gpu_ms has one slot past the last recorded step (the one in progress): drop it.
   if (s.step_gpu_ms.size() > s.step_ms.size()) s.step_gpu_ms.resize(s.step_ms.size());
   write_part(s);
@@ -623,6 +723,7 @@ std::string snapshot() {
 namespace {
 void profiler_start(c10::string_view config) { hfnn::profiles::start(std::string(config)); }
 void profiler_step() { hfnn::profiles::step(); }
+bool profiler_recording() { return hfnn::profiles::recording(); }
 void profiler_stop() { hfnn::profiles::stop(); }
 std::string profiler_snapshot() { return hfnn::profiles::snapshot(); }
 }  // namespace
@@ -630,6 +731,7 @@ std::string profiler_snapshot() { return hfnn::profiles::snapshot(); }
 TORCH_LIBRARY_FRAGMENT(hfnn, m) {
   m.def("profiler_start(str config) -> ()", &profiler_start);
   m.def("profiler_step() -> ()", &profiler_step);
+  m.def("profiler_recording() -> bool", &profiler_recording);
   m.def("profiler_stop() -> ()", &profiler_stop);
   m.def("profiler_snapshot() -> str", &profiler_snapshot);
 }

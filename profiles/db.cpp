@@ -8,6 +8,8 @@
 #include <fstream>
 #include <string_view>
 
+#include "profiles/plain_step.h"
+
 namespace hfnn::profiles {
 namespace {
 
@@ -65,6 +67,14 @@ CREATE INDEX IF NOT EXISTS tune_results_key ON tune_results(env_id, op, key, dty
     // 3 -> 4: a backward node's forward op (linked by autograd sequence numbers).
     R"sql(
 ALTER TABLE op_stats ADD COLUMN forward_op TEXT NOT NULL DEFAULT '';
+)sql",
+    // 4 -> 5: the plain step (issue 13): steps timed after the recorded ones with collection off,
+    // per process, their median and count; --plain-steps of the run (NULL: recorded before hfnn
+    // timed them).
+    R"sql(
+ALTER TABLE runs ADD COLUMN plain_steps_requested INTEGER;
+ALTER TABLE ranks ADD COLUMN plain_steps INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE ranks ADD COLUMN plain_step_ms REAL;
 )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
@@ -207,8 +217,8 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
   try {
     Statement ins(db_,
                   "INSERT INTO runs(command, started_at, finished_at, exit_code, world_size, warmup, steps_requested,"
-                  " steps_recorded, torch, hfnn, cuda, gpu, compute_capability, sm_count)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                  " steps_recorded, torch, hfnn, cuda, gpu, compute_capability, sm_count, plain_steps_requested)"
+                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     ins.bind(1, run.command).bind(2, run.started_at).bind(3, run.finished_at).bind(4, int64_t{run.exit_code});
     ins.bind(5, static_cast<int64_t>(meta.value("world_size", 1)));
     ins.bind(6, int64_t{run.warmup}).bind(7, int64_t{run.steps_requested}).bind(8, steps_recorded);
@@ -223,10 +233,12 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
     text_or_null(13, gpu, "cc");
     if (gpu.is_object() && gpu.contains("sm_count")) ins.bind(14, gpu["sm_count"].get<int64_t>());
     else ins.bind_null(14);
+    ins.bind(15, int64_t{run.plain_steps_requested});
     ins.step();
     const int64_t run_id = sqlite3_last_insert_rowid(db_);
 
-    Statement rank_row(db_, "INSERT INTO ranks(run_id, rank, host, pid, steps_recorded, step_boundaries) VALUES (?, ?, ?, ?, ?, ?)");
+    Statement rank_row(db_, "INSERT INTO ranks(run_id, rank, host, pid, steps_recorded, step_boundaries, plain_steps,"
+                            " plain_step_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
     Statement op_row(db_,
                      "INSERT INTO op_stats(run_id, rank, name, phase, calls, cpu_total_us, cpu_self_us, cuda_total_us,"
                      " cuda_self_us, forward_op) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
@@ -245,6 +257,11 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
       const int64_t rank = m.value("rank", 0);
       rank_row.bind(1, run_id).bind(2, rank).bind(3, m.value("host", std::string())).bind(4, m.value("pid", int64_t{0}));
       rank_row.bind(5, static_cast<int64_t>(part["step_ms"].size())).bind(6, part.value("step_boundaries", int64_t{0}));
+      // The plain step: the median of the process's steps timed with collection off, NULL without one.
+      std::vector<double> plain = part.value("plain_step_ms", std::vector<double>());
+      rank_row.bind(7, static_cast<int64_t>(plain.size()));
+      if (plain.empty()) rank_row.bind_null(8);
+      else rank_row.bind(8, median(std::move(plain)));
       rank_row.step();
       rank_row.reset();
       for (const auto& o : part["ops"]) {

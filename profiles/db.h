@@ -15,7 +15,7 @@
 
 namespace hfnn::profiles {
 
-inline constexpr int kSchemaVersion = 4;
+inline constexpr int kSchemaVersion = 5;
 
 // One line, naming the file and what would fix it.
 struct DbError : std::runtime_error {
@@ -30,6 +30,7 @@ struct RunInfo {
   int exit_code = 0;
   int warmup = 0;
   int steps_requested = 0;
+  int plain_steps_requested = 0;  // --plain-steps
 };
 
 class Database {

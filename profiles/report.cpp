@@ -9,6 +9,7 @@
 
 #include "kernels/common/family.h"
 #include "profiles/advice.h"
+#include "profiles/plain_step.h"
 
 namespace hfnn::profiles {
 
@@ -73,7 +74,25 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
       s["communication_share"] = it != comm.end() && it->second.second > 0 ? it->second.first / it->second.second : 0.0;
     }
   }
+  // The plain step (profiles/plain_step.h): what the profiler cost, and the step the GPU's busy share is of.
+  const PlainStep plain = read_plain_step(db, run_id);
+  for (auto& s : ranks) {
+    const auto it = std::find_if(plain.ranks.begin(), plain.ranks.end(),
+                                 [&](const RankSteps& p) { return p.rank == s["rank"].get<int64_t>(); });
+    if (it == plain.ranks.end()) continue;
+    s["median_ms"] = it->profiled_ms;
+    s["plain_step_ms"] = it->plain_ms ? nlohmann::json(*it->plain_ms) : nlohmann::json();
+    s["plain_steps"] = it->plain_steps;
+    // The share of the step the GPU is busy: of the plain step where the rank has one, else of the
+    // step under the profiler (its mean, as gpu_busy_ms is).
+    if (s["gpu_busy_ms"].is_number()) {
+      const double step = it->plain_ms.value_or(s["mean_ms"].get<double>());
+      s["gpu_busy_share"] = step > 0 ? s["gpu_busy_ms"].get<double>() / step : 0.0;
+      s["gpu_busy_share_of"] = it->plain_ms ? "plain" : "profiled";
+    }
+  }
   r["steps"] = ranks;
+  r["profiler_cost"] = plain_step_json(plain);
 
   // Ops by self time (CUDA where recorded, else CPU), summed over ranks.
   Statement ops(db.handle(), has_cuda
@@ -178,15 +197,20 @@ std::string report_text(const nlohmann::json& r) {
   if (r["steps"].empty()) {
     out += "  steps: none seen (no optimizer.step() or hfnn.step()): the numbers cover the whole run\n";
   } else {
-    for (const auto& s : r["steps"])
-      out += fmt::format("  rank {}: {} steps recorded after {} warm-up, {:.2f} ms mean ({:.2f} to {:.2f}){}, "
+    for (const auto& s : r["steps"]) {
+      const bool plain = s.value("plain_step_ms", nlohmann::json()).is_number();
+      out += fmt::format("  rank {}: {} steps recorded after {} warm-up, {:.2f} ms mean ({:.2f} to {:.2f}){}{}, "
                          "communication {:.1f}%\n",
                          s["rank"].get<int64_t>(), s["steps"].get<int64_t>(), run["warmup"].get<int64_t>(),
                          s["mean_ms"].get<double>(), s["min_ms"].get<double>(), s["max_ms"].get<double>(),
-                         s["gpu_busy_ms"].is_null() ? std::string()
-                                                    : fmt::format(", GPU busy {:.2f} ms", s["gpu_busy_ms"].get<double>()),
+                         plain ? fmt::format(", plain step {:.2f} ms ({} steps)", s["plain_step_ms"].get<double>(),
+                                             s["plain_steps"].get<int64_t>())
+                               : std::string(),
+                         s["gpu_busy_ms"].is_null() ? std::string() : ", GPU busy " + gpu_busy_text(s),
                          100 * s["communication_share"].get<double>());
+    }
   }
+  if (r.contains("profiler_cost")) out += "  " + r["profiler_cost"]["text"].get<std::string>() + "\n";
   const bool cuda = r["time_basis"] == "cuda";
   const std::string self_key = cuda ? "cuda_self_us" : "cpu_self_us", total_key = cuda ? "cuda_total_us" : "cpu_total_us";
   out += fmt::format("\nTop ops by {} self time\n  {:<48} {:>5} {:>7} {:>11} {:>7} {:>12}{}\n", cuda ? "CUDA" : "CPU", "op",
@@ -275,17 +299,34 @@ std::string saving_text(const nlohmann::json& a) {
                      a["saving_note"].get<std::string>());
 }
 
+std::string gpu_busy_text(const nlohmann::json& s) {
+  std::string t = fmt::format("{:.2f} ms", s["gpu_busy_ms"].get<double>());
+  if (!s.contains("gpu_busy_share")) return t;
+  return t + fmt::format(" ({:.0f}% of the {})", 100 * s["gpu_busy_share"].get<double>(),
+                         s["gpu_busy_share_of"] == "plain" ? "plain step" : "step under the profiler");
+}
+
 std::string speedup_text(const nlohmann::json& speedup) {
   return speedup.is_number() ? fmt::format("{:.3f}x", speedup.get<double>()) : "no bound";
 }
 
 namespace {
-bool on_gpu_busy(const nlohmann::json& p) { return p.value("basis", std::string("wall")) == "gpu_busy"; }
+std::string basis_of(const nlohmann::json& p) { return p.value("basis", std::string("wall")); }
 }  // namespace
 
 std::string basis_text(const nlohmann::json& p) {
-  return on_gpu_busy(p) ? fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)", p["wall_step_ms"].get<double>())
-                        : "";
+  const std::string basis = basis_of(p);
+  if (basis == "plain")
+    return fmt::format(" of the plain step (timed without the profiler; {:.2f} ms under it)", p["wall_step_ms"].get<double>());
+  if (basis == "gpu_busy")
+    return fmt::format(" of GPU busy time (wall {:.2f} ms under the profiler)", p["wall_step_ms"].get<double>());
+  return "";
+}
+
+std::string plain_fallback_text(const nlohmann::json& p) {
+  if (basis_of(p) == "plain" || p.value("plain_note", std::string()).empty()) return {};
+  return fmt::format("No plain step ({}): projected on the {} of the steps under the profiler", p["plain_note"].get<std::string>(),
+                     basis_of(p) == "gpu_busy" ? "GPU busy time" : "wall time");
 }
 
 std::string projection_text(const nlohmann::json& p) {
@@ -295,13 +336,18 @@ std::string projection_text(const nlohmann::json& p) {
 }
 
 std::string cpu_bound_note(const nlohmann::json& p) {
-  if (!on_gpu_busy(p)) return {};
-  const double busy = p["step_ms"].get<double>(), wall = p["wall_step_ms"].get<double>();
-  if (wall <= 0 || busy >= 0.85 * wall) return {};
-  return fmt::format("Note: the GPU was busy {:.0f}% of the profiled step, so the step is CPU-bound under the profiler "
-                     "and may be without it; faster kernels shorten GPU time only, and the gain shows where the GPU is "
-                     "the bottleneck",
-                     100 * busy / wall);
+  // The GPU's busy time over the step: the plain step where the projection is on it, else the
+  // step under the profiler (whose busy time is then the projection's step).
+  const bool plain = basis_of(p) == "plain";
+  if (plain ? !p.value("gpu_busy_ms", nlohmann::json()).is_number() : basis_of(p) != "gpu_busy") return {};
+  const double busy = p[plain ? "gpu_busy_ms" : "step_ms"].get<double>();
+  const double step = p[plain ? "step_ms" : "wall_step_ms"].get<double>();
+  if (step <= 0 || busy >= 0.85 * step) return {};
+  return fmt::format("Note: the GPU was busy {:.0f}% of the {}, so the step is CPU-bound {}; faster kernels shorten GPU "
+                     "time only, {}and the gain shows where the GPU is the bottleneck",
+                     100 * busy / step, plain ? "plain step" : "profiled step",
+                     plain ? "without the profiler too" : "under the profiler and may be without it",
+                     plain ? "so the projection is the most they could give, " : "");
 }
 
 std::string ceiling_text(const nlohmann::json& p) {
@@ -354,6 +400,7 @@ std::string tune_text(const nlohmann::json& summary) {
       t += "  " + projection_text(p) + "\n";
       if (p.contains("torch_ms")) t += "  " + ceiling_text(p) + "\n";
       if (const std::string note = cpu_bound_note(p); !note.empty()) t += "  " + note + "\n";
+      if (const std::string note = plain_fallback_text(p); !note.empty()) t += "  " + note + "\n";
     }
   }
   return t;
@@ -382,7 +429,8 @@ std::string report_csv(const nlohmann::json& r) {
                                    "cpu_total_us", "cuda_self_us", "cuda_total_us", "share", "shape",
                                    "normalized_shape", "dtype", "affine", "flags", "run_pct",
                                    "rank", "steps", "mean_ms", "gpu_busy_ms", "forward_op", "key", "gpu", "winner",
-                                   "torch_us", "best_us", "speedup", "category", "library"};
+                                   "torch_us", "best_us", "speedup", "category", "library", "plain_step_ms",
+                                   "plain_steps"};
   std::string out;
   for (const char* c : kColumns) out += std::string(out.empty() ? "" : ",") + c;
   out += "\n";

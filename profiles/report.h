@@ -15,7 +15,8 @@ namespace hfnn::profiles {
 inline constexpr std::pair<const char*, const char*> kModuleShapeOps[] = {
     {"multihead_attention", "MultiheadAttention query shapes"}, {"lstm", "LSTM input shapes"}};
 
-// The report of run `run_id` (0: the newest) as JSON: run, steps, top ops (each with its `category`),
+// The report of run `run_id` (0: the newest) as JSON: run, steps (per rank, with its plain step and
+// GPU busy share), profiler_cost (profiles/plain_step.h), top ops (each with its `category`),
 // categories, advice (profiles/advice.h: actions with their evidence and saving) and the ids of
 // the rules checked (advice_rules), kernels (each with its demangled `name`, the `short_name` the tables show, the
 // `raw_name` the database keeps, its `category` and `library`: profiles/kernel_names.h), shapes.
@@ -34,10 +35,17 @@ std::string ceiling_text(const nlohmann::json& projection);
 // "Projected step time: ..." on the projection's basis (GPU busy time, with the profiled wall time
 // beside it, or wall time), and a note when the GPU idled over 15% of the profiled step (empty if not).
 std::string projection_text(const nlohmann::json& projection);
-// " of GPU busy time (wall N ms under the profiler)" when the projection is on busy time, else "".
+// " of the plain step (...)" or " of GPU busy time (wall N ms under the profiler)" by the
+// projection's basis, "" on wall time.
 std::string basis_text(const nlohmann::json& projection);
+// Where the projection is not on the plain step and the run says why it has none: that, and the
+// basis taken instead (empty otherwise).
+std::string plain_fallback_text(const nlohmann::json& projection);
+// A rank's GPU busy time with its share of the step: "14.00 ms (40% of the plain step)".
+std::string gpu_busy_text(const nlohmann::json& rank_steps);
 // "1.124x", or "no bound" for a null (infinite) speed-up.
 std::string speedup_text(const nlohmann::json& speedup);
+// A note when the GPU idled over 15% of the step: of the plain step, else of the profiled one.
 std::string cpu_bound_note(const nlohmann::json& projection);
 // A tuning key as people read it, by its family: "LayerNorm 32768 x 256"; an op without a family
 // shows its key as it is.

@@ -95,6 +95,9 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                    escape(run["torch"].get<std::string>()), escape(run["hfnn"].get<std::string>()),
                    run["gpu"].is_null() ? std::string("none") : escape(run["gpu"].get<std::string>()));
   h += fmt::format("<div class=\"note\">{}</div>\n", escape(r["cuda_note"].get<std::string>()));
+  if (r.contains("profiler_cost"))
+    h += fmt::format("<div class=\"note\" id=\"profiler-cost\">{}</div>\n",
+                     escape(r["profiler_cost"]["text"].get<std::string>()));
   if (r.contains("advice")) h += advice_html(r);
 
   // Categories as one stacked bar.
@@ -187,16 +190,23 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
     double longest = 0;
     for (const auto& s : r["steps"]) longest = std::max(longest, s["max_ms"].get<double>());
     h += "<table><tr><th>rank</th><th class=\"num\">steps</th><th class=\"num\">mean ms</th><th>mean (bar) and range</th>"
-         "<th class=\"num\">min ms</th><th class=\"num\">max ms</th><th>communication</th></tr>\n";
+         "<th class=\"num\">min ms</th><th class=\"num\">max ms</th><th class=\"num\">plain step ms</th>"
+         "<th>GPU busy</th><th>communication</th></tr>\n";
     for (const auto& s : r["steps"]) {
       const double scale = longest > 0 ? 300.0 / longest : 0;
       const double mean = s["mean_ms"].get<double>(), lo = s["min_ms"].get<double>(), hi = s["max_ms"].get<double>();
+      const auto plain = s.value("plain_step_ms", nlohmann::json());
       h += fmt::format("<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2f}</td><td><svg width=\"300\" height=\"14\" "
                        "role=\"img\" aria-label=\"{:.2f} ms\"><rect width=\"300\" height=\"14\" fill=\"#eef1f5\"/><rect width=\"{:.1f}\" "
                        "height=\"14\" fill=\"#1c7ed6\"/><line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"7\" y2=\"7\" stroke=\"#212529\" "
-                       "stroke-width=\"2\"/></svg></td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td><td>{} {:.1f}%</td></tr>\n",
+                       "stroke-width=\"2\"/></svg></td><td class=\"num\">{:.2f}</td><td class=\"num\">{:.2f}</td>"
+                       "<td class=\"num\">{}</td><td>{}</td><td>{} {:.1f}%</td></tr>\n",
                        s["rank"].get<int64_t>(), s["steps"].get<int64_t>(), mean, mean, mean * scale, lo * scale,
-                       hi * scale, lo, hi, bar(s["communication_share"].get<double>(), category_color("communication"), 120),
+                       hi * scale, lo, hi,
+                       plain.is_number() ? fmt::format("{:.2f} ({} steps)", plain.get<double>(), s["plain_steps"].get<int64_t>())
+                                         : std::string("&ndash;"),
+                       s["gpu_busy_ms"].is_number() ? escape(gpu_busy_text(s)) : std::string("&ndash;"),
+                       bar(s["communication_share"].get<double>(), category_color("communication"), 120),
                        100 * s["communication_share"].get<double>());
     }
     h += "</table>\n";
@@ -216,6 +226,7 @@ th{color:#495057;font-weight:600}td.num{text-align:right;font-variant-numeric:ta
                          escape(basis_text(pr)), pr["saved_ms"].get<double>());
         if (pr.contains("torch_ms")) h += "<p>" + escape(ceiling_text(pr)) + "</p>\n";
         if (const std::string note = cpu_bound_note(pr); !note.empty()) h += "<p>" + escape(note) + "</p>\n";
+        if (const std::string note = plain_fallback_text(pr); !note.empty()) h += "<p>" + escape(note) + "</p>\n";
       }
       double fastest = 1;
       for (const auto& t : e["rows"]) fastest = std::max(fastest, t["speedup"].get<double>());

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "kernels/common/family.h"
+#include "profiles/plain_step.h"
 
 namespace hfnn::tuner {
 namespace {
@@ -81,6 +82,11 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     r.gpu_busy_ms = summarize(busy).median_us;
   }
   {
+    const profiles::PlainStep plain = profiles::read_plain_step(db, r.id);
+    r.plain_step_ms = plain.plain_ms.value_or(0.0);
+    r.plain_note = plain.note;
+  }
+  {
     Statement s(db.handle(), "SELECT count(*) FROM op_stats WHERE run_id = ? AND cuda_self_us > 0");
     s.bind(1, r.id);
     s.step();
@@ -129,7 +135,10 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     k.bwd_calls_per_step = k.bwd_calls / per;
     const int64_t op_fwd_calls = fwd_calls_of_op[k.op];
     k.run_pct = op_fwd_calls > 0 ? 100.0 * k.fwd_calls / op_fwd_calls : 0.0;
-    const double basis_total_ms = r.on_gpu_busy() ? busy_total_ms : wall_total_ms;  // the basis of basis_ms()
+    // The basis of basis_ms(), over every recorded step: the plain step stands for each of them.
+    const double basis_total_ms = r.on_plain()       ? r.plain_step_ms * static_cast<double>(step_rows)
+                                  : r.on_gpu_busy() ? busy_total_ms
+                                                    : wall_total_ms;
     k.share_pct = basis_total_ms > 0 ? 100.0 * k.time_us / 1e3 / basis_total_ms : 0.0;
     r.keys.push_back(k);
   }
@@ -290,7 +299,10 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
                         {"keys_tuned", tuned}, {"keys_in_run", run.keys.size()}, {"rows", rows}};
     if (run.basis_ms() > 0) {
       const Projection p = project(run.basis_ms(), savings);
-      e["projection"] = {{"basis", run.on_gpu_busy() ? "gpu_busy" : "wall"}, {"wall_step_ms", run.step_ms},
+      e["projection"] = {{"basis", run.basis()}, {"wall_step_ms", run.step_ms},
+                         {"gpu_busy_ms", run.gpu_busy_ms > 0 ? nlohmann::json(run.gpu_busy_ms) : nlohmann::json()},
+                         {"plain_step_ms", run.on_plain() ? nlohmann::json(run.plain_step_ms) : nlohmann::json()},
+                         {"plain_note", run.plain_note},
                          {"step_ms", p.step_ms}, {"saved_ms", p.saved_ms}, {"projected_step_ms", p.projected_step_ms},
                          {"speedup", finite_or_null(p.speedup)}, {"torch_ms", p.torch_ms},
                          {"ceiling", finite_or_null(p.ceiling)}};

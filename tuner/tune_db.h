@@ -35,12 +35,19 @@ struct ProfiledRun {
   // collective waiting on a late rank) does not move them.
   double step_ms = 0;      // wall time of a recorded step
   double gpu_busy_ms = 0;  // GPU busy time of a recorded step (0 without CUDA activity)
+  // The plain step (profiles/plain_step.h): a step's wall time with the profiler's collection off,
+  // 0 where the run has none, and then why (plain_note; also set when fewer steps were timed than asked).
+  double plain_step_ms = 0;
+  std::string plain_note;
   std::string time_basis;  // "cuda" or "cpu"
-  // The step time shares and the projection are taken against: GPU busy time when the profile has
-  // it (the time kernels can shorten, and unlike wall time not stretched by the profiler's own CPU
-  // cost, which can be large on CPU-bound steps), else wall time.
-  bool on_gpu_busy() const { return gpu_busy_ms > 0; }
-  double basis_ms() const { return on_gpu_busy() ? gpu_busy_ms : step_ms; }
+  // The step time shares and the end-to-end projection are taken against: the plain step when the
+  // run has one (the wall time the script's steps take without hfnn); else GPU busy time when the
+  // profile has it (the time kernels can shorten, and unlike wall time not stretched by the
+  // profiler's own CPU cost, which can be large on CPU-bound steps), else wall time.
+  bool on_plain() const { return plain_step_ms > 0; }
+  bool on_gpu_busy() const { return !on_plain() && gpu_busy_ms > 0; }
+  const char* basis() const { return on_plain() ? "plain" : on_gpu_busy() ? "gpu_busy" : "wall"; }
+  double basis_ms() const { return on_plain() ? plain_step_ms : on_gpu_busy() ? gpu_busy_ms : step_ms; }
   std::vector<ProfiledKey> keys;  // by share, largest first
   // Shapes of recorded ops that no family tunes yet: op -> number of distinct shapes.
   std::vector<std::pair<std::string, int64_t>> untunable;

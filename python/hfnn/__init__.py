@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import sys as _sys
 from importlib import metadata as _metadata
 
 from . import nn
@@ -29,6 +30,9 @@ def step() -> None:
         import torch
 
         torch.ops.hfnn.profiler_step()
+        startup = _sys.modules.get("hfnn._startup")  # under `hfnn profile`: its labels end with the recording
+        if startup is not None:
+            startup.after_step()
 
 
 def layer_norm_variants() -> dict:

@@ -6,7 +6,9 @@ With HFNN_DISPATCH_DB it loads the tuned table (hfnn._dispatch.install). With HF
 it starts hfnn's in-process collector (profiles/collector.cpp), passes it what the database
 records about the run, and makes sure the part is written however the script ends: normal exit,
 an exception, Ctrl-C or SIGTERM (each step also rewrites it, so even a crash leaves the steps
-finished before it).
+finished before it). Its Python-side labels (the MultiheadAttention and hfnn.nn.LSTM scopes) come
+off at the first step after the recorded ones (after_step), so the plain steps the collector
+times then, and every step after, run as without hfnn.
 """
 from __future__ import annotations
 
@@ -51,7 +53,23 @@ def _compute_dtype(torch, t):
     return t.dtype
 
 
-def _record_attention_shapes(torch) -> None:
+# What undoes each Python-side label, run once the collector has stopped recording (after_step).
+_labels = []
+
+
+def after_step(*_args) -> None:
+    """After a step boundary (torch.optim's global step post-hook, and hfnn.step()): once the
+    collector no longer records, the labels come off. The hook itself stays registered (torch
+    iterates its hooks while calling this one), as a call that returns at once."""
+    if _labels:
+        import torch
+
+        if not torch.ops.hfnn.profiler_recording():
+            while _labels:
+                _labels.pop()()
+
+
+def _record_attention_shapes(torch):
     """Wraps nn.MultiheadAttention.forward so each call is a record_function scope whose name
     carries what picks an attention kernel: `hfnn.shape|multihead_attention|<query shape>|<dtype>|
     <settings>` (the dtype the call computes in: autocast's under autocast; the settings are what
@@ -78,6 +96,7 @@ def _record_attention_shapes(torch) -> None:
 
     forward.__wrapped__ = original
     nn.MultiheadAttention.forward = forward
+    return lambda: setattr(nn.MultiheadAttention, "forward", original)
 
 
 def _install() -> None:
@@ -93,12 +112,18 @@ def _install() -> None:
         "dir": directory,
         "warmup": int(os.environ.get("HFNN_PROFILE_WARMUP", "0")),
         "steps": int(os.environ.get("HFNN_PROFILE_STEPS", "0")),
+        "plain_steps": int(os.environ.get("HFNN_PROFILE_PLAIN_STEPS", "0")),
         "meta": _meta(),
     }
-    _record_attention_shapes(torch)
+    _labels.append(_record_attention_shapes(torch))
     from . import nn as hfnn_nn
 
     hfnn_nn._lstm_profiled = True  # hfnn.nn.LSTM's own path records its shapes (aten::lstm does not run)
+    _labels.append(lambda: setattr(hfnn_nn, "_lstm_profiled", False))
+    if config["steps"] > 0:  # recording ends before the script does
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(after_step)
     torch.ops.hfnn.profiler_start(json.dumps(config))
     atexit.register(torch.ops.hfnn.profiler_stop)
 

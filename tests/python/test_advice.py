@@ -126,7 +126,36 @@ def test_cpu_bound_step_with_many_launches_is_told_to_launch_less(profiled, tmp_
     assert rate == pytest.approx(50, abs=0.5)  # launches rounded to whole calls
     step = data["steps"][0]["mean_ms"]
     assert a["saving_ms"] == pytest.approx(0.7 * step) and "upper bound" in a["saving_note"]
+    assert "under the profiler (no plain step)" in a["evidence"] and "no plain step" in a["saving_note"]
     assert "Saving: up to" in text and data["advice"][0]["id"] == "cpu_bound_launches"  # the step's bound comes first
+    assert_not_shown("gpu_idle_host_work", data, text, html)
+
+
+def _plain_step(share_of_profiled):
+    """The run as if the script had gone on: a plain step `share_of_profiled` of the recorded step."""
+    return ["UPDATE runs SET plain_steps_requested = 10",
+            "UPDATE ranks SET plain_steps = 10, plain_step_ms = (SELECT ? * avg(wall_ms) FROM step_stats"
+            " WHERE step_stats.run_id = ranks.run_id AND step_stats.rank = ranks.rank)".replace("?", str(share_of_profiled))]
+
+
+def test_the_gpu_busy_share_is_of_the_plain_step(profiled, tmp_path):
+    # Issue 13: a GPU busy 30% of the step under the profiler, which stretched the step to twice its
+    # plain length: 60% of the plain step, still CPU-bound; the evidence and the saving are of the
+    # plain step.
+    db = gpu_copy(profiled, tmp_path, _busy_and_launches(0.3, 50) + _plain_step(0.5))
+    data, text, html = reports(db, FOREACH_RUN)
+    a = assert_shown("cpu_bound_launches", data, text, html)
+    plain = data["profiler_cost"]["plain_step_ms"]
+    busy = data["steps"][0]["gpu_busy_ms"]
+    assert "busy 60%" in a["title"] and f"of a {plain:.2f} ms step without the profiler" in a["evidence"]
+    assert a["saving_ms"] == pytest.approx(plain - busy) and "plain step" in a["saving_note"]
+    rate = float(re.search(r"\(([0-9.]+) a ms of step", a["evidence"]).group(1))
+    assert rate == pytest.approx(100, abs=1)  # 50 launches a ms of the step under the profiler: 100 without it
+    assert data["steps"][0]["gpu_busy_share"] == pytest.approx(busy / plain) and "(60% of the plain step)" in text
+    # The same GPU busy time, of a plain step it fills 90% of: not CPU-bound, though it looked so.
+    data, text, html = reports(gpu_copy(profiled, tmp_path, _busy_and_launches(0.3, 50) + _plain_step(0.3 / 0.9)),
+                               FOREACH_RUN)
+    assert_not_shown("cpu_bound_launches", data, text, html)
     assert_not_shown("gpu_idle_host_work", data, text, html)
 
 

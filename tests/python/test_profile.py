@@ -434,14 +434,18 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
     with sqlite3.connect(db) as con:  # back to schema 1: no flags column
         con.execute("ALTER TABLE shape_stats DROP COLUMN flags")
         con.execute("ALTER TABLE op_stats DROP COLUMN forward_op")
+        for table, column in (("runs", "plain_steps_requested"), ("ranks", "plain_steps"), ("ranks", "plain_step_ms")):
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         for table in ("tune_winners", "tune_results", "tune_envs"):
             con.execute(f"DROP TABLE {table}")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
-    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("4",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("5",)]
     assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
     assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
+    # The first run predates the plain step (NULL: not timed), the second asked for the default 10.
+    assert rows(db, "SELECT plain_steps_requested FROM runs ORDER BY id") == [(None,), (10,)]
 
 
 def test_csv_report_has_the_same_content_as_json(tmp_path):
@@ -493,16 +497,22 @@ def _free_port():
 def test_torchrun_gives_one_profile_with_every_rank(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                 "--master_port", str(_free_port())]
-    out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "shapes.db"), "--warmup", "1", "--steps", "3", "--",
-                          *torchrun, str(DDP_SCRIPT), "5"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run([HFNN, "profile", "--db", str(tmp_path / "shapes.db"), "--warmup", "1", "--steps", "3",
+                          "--plain-steps", "2", "--", *torchrun, str(DDP_SCRIPT), "8"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     db = tmp_path / "shapes.db"
     assert rows(db, "SELECT world_size FROM runs") == [(2,)]
     assert rows(db, "SELECT rank, steps_recorded FROM ranks ORDER BY rank") == [(0, 3), (1, 3)]
+    # Each rank timed its own plain steps (1 + 3 + 1 + 2 of its 8).
+    plain = rows(db, "SELECT rank, plain_steps, plain_step_ms FROM ranks ORDER BY rank")
+    assert [r[:2] for r in plain] == [(0, 2), (1, 2)] and all(ms > 0 for _, _, ms in plain)
     # Rank 1 trains on twice the batch: each rank's own LayerNorm shape is there.
     assert rows(db, "SELECT DISTINCT rank, shape FROM shape_stats ORDER BY rank") == [(0, "[16,64]"), (1, "[32,64]")]
     report = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"],
                                        capture_output=True, text=True).stdout)
     assert [s["rank"] for s in report["steps"]] == [0, 1]
+    assert [s["plain_step_ms"] for s in report["steps"]] == pytest.approx([ms for _, _, ms in plain])
+    assert report["profiler_cost"]["plain_step_ms"] == pytest.approx((plain[0][2] + plain[1][2]) / 2)
     assert all(0 < s["communication_share"] < 1 for s in report["steps"])  # gloo all-reduce of the gradients
     assert "communication" in report["categories"]

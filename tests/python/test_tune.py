@@ -164,6 +164,45 @@ def test_the_projection_is_on_gpu_busy_time_and_says_when_the_step_is_cpu_bound(
     assert abs(p["speedup"] - busy / (busy - p["saved_ms"])) < 1e-9
     assert "of GPU busy time" in out.stdout
     assert ("CPU-bound under the profiler" in out.stdout) == (busy_fraction < 0.85)
+    # The profile has no plain step (its script ended with the recorded steps): the projection says so.
+    assert "No plain step (the script ended first" in out.stdout and "projected on the GPU busy time" in out.stdout
+
+
+def _with_plain_step(db, plain_ms):
+    """The profile as if its script had run on: a plain step of plain_ms timed after the recorded ones."""
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE runs SET plain_steps_requested = 10")
+        con.execute("UPDATE ranks SET plain_steps = 10, plain_step_ms = ?", (plain_ms,))
+
+
+@pytest.mark.parametrize("busy_fraction", [None, 0.3, 0.95])
+def test_the_projection_is_end_to_end_on_the_plain_step_where_the_run_has_one(db, busy_fraction):
+    # The profiler stretched a 10 ms step (the fixture's) that takes 4 ms without it: the projection,
+    # the shares and the CPU-bound note are of the 4 ms step, whatever the GPU's busy time.
+    _with_plain_step(db, 4.0)
+    if busy_fraction is not None:
+        with sqlite3.connect(db) as con:
+            con.execute("UPDATE step_stats SET gpu_busy_ms = 4.0 * ?", (busy_fraction,))
+    out = tune(db)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"], capture_output=True,
+                                     text=True).stdout)
+    p = data["tune"]["envs"][0]["projection"]
+    wall = statistics.median(w for (w,) in rows(db, "SELECT wall_ms FROM step_stats"))
+    assert p["basis"] == "plain" and p["step_ms"] == p["plain_step_ms"] == 4.0 and p["wall_step_ms"] == pytest.approx(wall)
+    assert p["speedup"] == pytest.approx(4.0 / (4.0 - p["saved_ms"])) and p["projected_step_ms"] == 4.0 - p["saved_ms"]
+    assert p["ceiling"] == pytest.approx(4.0 / (4.0 - p["torch_ms"]))
+    assert f"of the plain step (timed without the profiler; {wall:.2f} ms under it)" in out.stdout
+    assert "No plain step" not in out.stdout
+    # A key's share is of the plain step: its time per recorded step over 4 ms.
+    (steps,) = rows(db, "SELECT count(*) FROM step_stats")[0]
+    for row in data["tune"]["envs"][0]["rows"]:
+        ((us,),) = rows(db, "SELECT sum(cpu_total_us) FROM shape_stats WHERE op = 'layer_norm' AND affine = ?",
+                        int(row["key"].endswith("affine=1")))
+        assert row["share_pct"] == pytest.approx(100 * us / 1e3 / steps / 4.0)
+    # CPU-bound: the GPU busy under 85% of the plain step.
+    assert ("CPU-bound without the profiler too" in out.stdout) == (busy_fraction == 0.3)
+    assert "CPU-bound under the profiler" not in out.stdout
 
 
 def test_savings_as_large_as_the_step_have_no_bound_in_json_and_text(db):

@@ -1,0 +1,180 @@
+"""The plain step (issue 13, item 1): `hfnn profile --plain-steps N` times N steps after the recorded
+ones with every collection off, stores their median per process, and every report states what the
+profiler cost the run against it, or why it cannot. Real CPU training runs; CPU step times are
+noisy, so the tests check what was measured and where it goes, not how fast it was."""
+import json
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HFNN = shutil.which("hfnn")
+SCRIPT = Path(__file__).parent / "scripts" / "tiny_train.py"
+pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
+
+
+def profile(tmp_path, *args, db="shapes.db"):
+    cmd = [HFNN, "profile", "--db", str(tmp_path / db), "--python", sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+
+def rows(db, sql, *params):
+    with sqlite3.connect(db) as con:
+        return con.execute(sql, params).fetchall()
+
+
+def report(db, fmt, *args):
+    out = subprocess.run([HFNN, "report", "--db", str(db), "--format", fmt, *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("mode", ["optimizer", "manual-steps"])
+def test_plain_steps_are_timed_after_the_recorded_ones_and_every_report_states_the_cost(tmp_path, mode):
+    # 1 warm-up + 3 recorded + 1 left out (the profiler's tear-down) + 5 plain = 10 of the script's 12.
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "--plain-steps", "5", str(SCRIPT), "12",
+                  *([mode] if mode != "optimizer" else []))
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    assert rows(db, "SELECT plain_steps_requested, steps_recorded FROM runs") == [(5, 3)]
+    ((plain_steps, plain_ms, boundaries),) = rows(db, "SELECT plain_steps, plain_step_ms, step_boundaries FROM ranks")
+    assert plain_steps == 5 and plain_ms > 0
+    assert boundaries == 10  # after the plain steps nothing is observed, not even the steps
+    # The plain steps are not in the profile: LayerNorm ran twice a step, in the 3 recorded steps only.
+    assert rows(db, "SELECT sum(calls) FROM shape_stats WHERE phase = 'fwd'") == [(6,)]
+    assert len(rows(db, "SELECT * FROM step_stats")) == 3
+    assert rows(db, "SELECT count(*) FROM op_stats WHERE name LIKE 'hfnn::profiler_%'") == [(0,)]  # hfnn's own
+
+    profiled = statistics.median(w for (w,) in rows(db, "SELECT wall_ms FROM step_stats"))
+    data = json.loads(report(db, "json"))
+    cost = data["profiler_cost"]
+    assert cost["plain_step_ms"] == pytest.approx(plain_ms) and cost["plain_steps"] == 5
+    assert cost["profiled_step_ms"] == pytest.approx(profiled) and cost["basis"] == "plain"
+    assert cost["cost_pct"] == pytest.approx(100 * (profiled / plain_ms - 1))
+    assert cost["plain_steps_requested"] == 5 and cost["note"] == ""
+    assert cost["text"].startswith("The profiler cost this run ")
+    (rank,) = data["steps"]
+    assert rank["plain_step_ms"] == pytest.approx(plain_ms) and rank["plain_steps"] == 5
+    # The sentence is the same in the text report, the one hfnn profile prints, and the HTML page.
+    assert cost["text"] in out.stdout and cost["text"] in report(db, "text")
+    assert f"plain step {plain_ms:.2f} ms (5 steps)" in out.stdout
+    html = report(db, "html")
+    assert '<div class="note" id="profiler-cost">The profiler cost this run ' in html and "plain step ms" in html
+    steps_row = next(r for r in report(db, "csv").splitlines() if r.startswith("steps,"))
+    assert steps_row.endswith(f",{json.dumps(plain_ms)},5")
+
+
+def test_a_script_that_ends_before_the_plain_steps_says_how_many_steps_to_run(tmp_path):
+    # 1 + 3 recorded, then the script ends: the profile is whole, the reports say why there is no
+    # plain step and how many steps would give one, and the exit status is the script's.
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "--plain-steps", "5", str(SCRIPT), "5")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    assert rows(db, "SELECT plain_steps, plain_step_ms FROM ranks") == [(0, None)]
+    assert len(rows(db, "SELECT * FROM step_stats")) == 3 and rows(db, "SELECT exit_code FROM runs") == [(0,)]
+    why = ("no plain step (the script ended first: it ran 5 steps, and timing 5 plain steps needs 10 (--warmup 1 + "
+           "--steps 3 + 1 for the profiler's tear-down + --plain-steps 5); run that many, or lower --steps)")
+    assert why in out.stdout and "take the step under the profiler" in out.stdout
+    cost = json.loads(report(db, "json"))["profiler_cost"]
+    assert cost["plain_step_ms"] is None and cost["cost_pct"] is None and cost["basis"] == "profiled"
+    assert why in report(db, "html")
+
+    # Fewer plain steps than asked: the plain step from those, saying so; under 3, too few for a median.
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "--plain-steps", "5", str(SCRIPT), "8", db="short.db")
+    assert out.returncode == 0, out.stderr
+    assert rows(tmp_path / "short.db", "SELECT plain_steps FROM ranks") == [(3,)]
+    assert ("(the plain step: 3 steps timed after the recorded ones with collection off; 3 of the 5 plain steps "
+            "asked: the script ended first (it needs 10 steps to time them all") in out.stdout
+    # Had it timed 2, too few for a median: stored, not taken.
+    with sqlite3.connect(tmp_path / "short.db") as con:
+        con.execute("UPDATE ranks SET plain_steps = 2, step_boundaries = 7")
+    assert ("no plain step (the script ended first: it ran 7 steps, 2 of them plain (a median takes 3), and"
+            in report(tmp_path / "short.db", "text"))
+    assert json.loads(report(tmp_path / "short.db", "json"))["profiler_cost"]["plain_step_ms"] is None
+
+
+def test_no_plain_step_asked_for_says_so(tmp_path):
+    # --steps 0 records to the end: no plain step, though the script runs 10 steps past the default's need.
+    out = profile(tmp_path, "--warmup", "1", "--steps", "0", str(SCRIPT), "25")
+    assert out.returncode == 0, out.stderr
+    assert "--steps 0 records every step to the end, so none ran without the profiler" in out.stdout
+    assert rows(tmp_path / "shapes.db", "SELECT plain_steps, steps_recorded FROM ranks") == [(0, 24)]
+    with sqlite3.connect(tmp_path / "shapes.db") as con:  # as --plain-steps 0 stores it
+        con.execute("UPDATE runs SET steps_requested = 24, plain_steps_requested = 0")
+    assert "no plain step (--plain-steps 0)" in report(tmp_path / "shapes.db", "text")
+
+
+MHA_SCRIPT = r"""
+import json, sys, torch, hfnn
+from torch import nn
+torch.manual_seed(0)
+attention = nn.MultiheadAttention(16, 2, batch_first=True)
+opt = torch.optim.SGD(attention.parameters(), lr=0.01)
+labelled = []  # per step: is hfnn profile's MultiheadAttention label still on?
+for _ in range(8):
+    labelled.append(hasattr(nn.MultiheadAttention.forward, "__wrapped__") or hfnn.nn._lstm_profiled)
+    x = torch.randn(2, 4, 16)
+    attention(x, x, x, need_weights=False)[0].sum().backward()
+    opt.step()
+    opt.zero_grad()
+json.dump(labelled, open(sys.argv[1], "w"))
+"""
+
+
+def test_the_python_side_labels_come_off_before_the_plain_steps(tmp_path):
+    # Steps 1-3 recorded (1 warm-up), step 4 left out: its optimizer step is the first to see the
+    # recording over, so steps 5-7 (plain) and 8 run without the MultiheadAttention and LSTM labels.
+    (tmp_path / "mha.py").write_text(MHA_SCRIPT)
+    out = profile(tmp_path, "--warmup", "1", "--steps", "2", "--plain-steps", "3", "mha.py", str(tmp_path / "l.json"))
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "l.json").read_text()) == [True] * 4 + [False] * 4
+    assert rows(tmp_path / "shapes.db", "SELECT plain_steps FROM ranks") == [(3,)]
+    assert rows(tmp_path / "shapes.db", "SELECT calls FROM shape_stats WHERE op = 'multihead_attention'") == [(2,)]
+
+
+def test_an_older_run_without_a_plain_step_reads_and_tunes_as_before(tmp_path):
+    # A schema-4 file (before the plain step): hfnn tune reads it read-only, unchanged; hfnn report
+    # migrates it and says its run was not timed without the profiler.
+    out = profile(tmp_path, "-q", "--warmup", "1", "--steps", "2", str(SCRIPT), "4")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    with sqlite3.connect(db) as con:
+        for table, column in (("runs", "plain_steps_requested"), ("ranks", "plain_steps"), ("ranks", "plain_step_ms")):
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    before = db.read_bytes()
+    dry = subprocess.run([HFNN, "tune", "--db", str(db), "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0 and "Would tune 2 key(s)" in dry.stdout, dry.stderr
+    assert db.read_bytes() == before
+    text = report(db, "text")
+    assert "no plain step (this run was recorded by an hfnn that did not time steps without the profiler)" in text
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("5",)]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device: CUPTI's tear-down before the plain steps runs on the GPU machine")
+def test_on_a_gpu_the_last_recorded_step_keeps_its_kernels_and_the_plain_steps_have_none(tmp_path):
+    # CUPTI is stopped at the end of the recorded steps, after the device drained: every recorded
+    # step, the last one too, has its GPU busy time, and no kernel of the plain steps is counted.
+    out = profile(tmp_path, "--warmup", "2", "--steps", "4", "--plain-steps", "6", str(SCRIPT), "16", "cuda")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    steps = rows(db, "SELECT step, wall_ms, gpu_busy_ms FROM step_stats ORDER BY step")
+    assert len(steps) == 4 and all(b is not None and 0 < b <= w for _, w, b in steps), steps
+    ((plain_steps, plain_ms),) = rows(db, "SELECT plain_steps, plain_step_ms FROM ranks")
+    assert plain_steps == 6 and plain_ms > 0
+    # The same 4 recorded steps without plain steps after them: as many kernels, so none of the plain
+    # steps' was counted.
+    again = profile(tmp_path, "--warmup", "2", "--steps", "4", "--plain-steps", "0", str(SCRIPT), "6", "cuda",
+                    db="alone.db")
+    assert again.returncode == 0, again.stderr
+    kernels = [rows(d, "SELECT sum(calls) FROM kernel_stats") for d in (db, tmp_path / "alone.db")]
+    assert kernels[0] == kernels[1] and kernels[0][0][0] > 0
+    data = json.loads(report(db, "json"))
+    assert data["profiler_cost"]["basis"] == "plain" and data["steps"][0]["gpu_busy_share_of"] == "plain"
+    assert data["steps"][0]["gpu_busy_share"] == pytest.approx(data["steps"][0]["gpu_busy_ms"] / plain_ms)
