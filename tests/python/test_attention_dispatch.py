@@ -196,6 +196,14 @@ def test_the_dispatch_op_names_every_reason(cpu_db):
     "B=4,L=64,S=64,E=128,H=4,batch_first=1,causal=1,inputs=self,bias=1,dropout=0",
     "B=3,L=40,S=72,E=96,H=3,batch_first=0,causal=0,inputs=kv,bias=0,dropout=0",
     "B=2,L=33,S=17,E=64,H=8,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=1",
+    "B=4,L=64,S=64,E=128,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,key_padding_mask=bool",
+    "B=3,L=40,S=72,E=128,H=2,batch_first=0,causal=0,inputs=kv,bias=1,dropout=1,key_padding_mask=float,"
+    "attn_mask=bool3d",
+    "B=2,L=33,S=17,E=64,H=4,batch_first=1,causal=0,inputs=qkv,bias=0,dropout=0,attn_mask=float2d",
+    "B=4,L=32,S=32,E=128,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,attn_mask=bool2d,weights=mean",
+    "B=2,L=24,S=40,E=64,H=2,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0,weights=per_head",
+    "B=3,L=48,S=56,E=128,H=4,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0,key_padding_mask=bool,"
+    "kdim=96,vdim=64",
 ])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_measure_times_every_core_and_the_gate_rejects_the_planted_one(key, dtype):
@@ -212,7 +220,12 @@ def test_measure_times_every_core_and_the_gate_rejects_the_planted_one(key, dtyp
         assert c["pass"] == "train"
     torch_err = by["torch"]["max_error"]
     cores = [n for n in by if n.startswith("sdpa_")]
-    assert "sdpa_math" in cores and len(cores) >= 2, cores  # math takes everything; a fused core takes these
+    if "weights=" in key:
+        assert cores == ["sdpa_math"], cores  # only the math composite returns the weights
+    else:  # math takes everything; a fused core takes these (efficient where a mask applies)
+        assert "sdpa_math" in cores and len(cores) >= 2, cores
+    if "mask=" in key:
+        assert "sdpa_flash" not in cores and "sdpa_cudnn" not in cores, cores
     for n in cores + ["torch"]:
         assert by[n]["max_error"] <= max(tol, 2 * torch_err), (n, by[n]["max_error"])
     assert by["planted_wrong"]["max_error"] > max(tol, 2 * torch_err)  # what the tuner's gate rejects
