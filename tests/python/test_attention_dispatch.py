@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,11 @@ def test_the_dispatch_op_names_every_reason(cpu_db):
     assert torch_runs(x, x, x, 2, None, None, m.out_proj.weight, m.out_proj.bias, True, False, 0.0, False, None,
                       None, False, False) == "input no variant takes"  # no projection weights
     assert torch_runs(x[0], x[0], x[0], 2, *args[4:], False, 0.0, False, None, None, False, False) == "unbatched input"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(2, 8)])
+    assert torch_runs(nested, nested, nested, 2, *args[4:], False, 0.0, False, None, None, False, False) == \
+        "nested tensor"
     assert torch_runs(*args, False, 0.0, False, None, None, False, False) == "CPU tensor"  # CPU: torch's module
     # hfnn's module: the op with torch's pick, weights too; its invalid masks raise torch's message.
     y, w, why = route(*args, False, 0.0, False, None, None, False, True)
@@ -186,7 +192,7 @@ def test_the_dispatch_op_names_every_reason(cpu_db):
     fallbacks = mha(hfnn.dispatch_stats())["fallbacks"]["train"]
     assert fallbacks == {"mask the op does not take": 3, "mask requires grad": 1,
                          "module settings the op does not take": 1, "input no variant takes": 1,
-                         "unbatched input": 1, "CPU tensor": 3}
+                         "unbatched input": 1, "nested tensor": 1, "CPU tensor": 3}
 
 
 # ---- on a GPU -----------------------------------------------------------------------------------------

@@ -378,6 +378,22 @@ def test_what_runs_torchs_module_says_why(case, why):
     assert_same(w, w_ref)
 
 
+def test_nested_tensors_run_torchs_fast_path():
+    """Nested tensors (torch's module takes them only on its inference fast path) run torch's module,
+    counted as "nested tensor"."""
+    ref, ours = pair(8, 2, True)
+    ref.eval(), ours.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        x = torch.nested.nested_tensor([torch.randn(3, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)])
+    before = hfnn.nn.attention_fallbacks["nested tensor"]
+    with torch.no_grad():
+        out_ref = ref(x, x, x, need_weights=False)[0]
+        out = ours(x, x, x, need_weights=False)[0]
+    assert hfnn.nn.attention_fallbacks["nested tensor"] == before + 1
+    assert out.is_nested and torch.equal(out.to_padded_tensor(0.0), out_ref.to_padded_tensor(0.0))
+
+
 def test_a_float_mask_that_requires_grad_gets_torchs_gradient():
     """The op computes no gradient for a mask: such a call runs torch's module, whose gradient reaches
     the mask (under no_grad the op takes it)."""
