@@ -62,9 +62,11 @@ const char* fallback_name(Fallback f) {
     case Fallback::kVariantRefused: return "winner refused the input";
     case Fallback::kLaunchFailed: return "kernel launch failed";
     case Fallback::kBuiltinTorch: return "built-in choice is torch";
-    case Fallback::kNeedWeights: return "need_weights=True";
-    case Fallback::kMask: return "attention mask";
+    case Fallback::kMask: return "mask the op does not take";
     case Fallback::kModuleSettings: return "module settings the op does not take";
+    case Fallback::kMaskGrad: return "mask requires grad";
+    case Fallback::kUnbatched: return "unbatched input";
+    case Fallback::kNested: return "nested tensor";
     case Fallback::kCount: break;
   }
   return "?";

@@ -109,11 +109,13 @@ enum class Fallback : int {
   kVariantRefused, // the winner's supports() said no (alignment), or it is not in this build
   kLaunchFailed,   // the chosen variant's launch failed (counted and warned about once; torch ran)
   kBuiltinTorch,   // not tuned, and the built-in choice (measured per GPU) is torch's kernel
-  kNeedWeights,    // the call asks for what the family's op does not return (attention's weights)
-  kMask,           // a mask the family's op does not take (attention: a padding mask, or a mask
-                   // without the causal hint)
-  kModuleSettings, // the module's settings the family's op does not take (attention: kdim/vdim,
-                   // add_bias_kv, add_zero_attn)
+  kMask,           // a mask the family's op does not take (attention: a float mask of another dtype
+                   // than the query's, a mask on another device; or one torch's module rejects)
+  kModuleSettings, // the module's settings the family's op does not take (attention: add_bias_kv,
+                   // add_zero_attn)
+  kMaskGrad,       // a float mask that requires grad (attention's op computes no gradient for a mask)
+  kUnbatched,      // unbatched input (attention: a 2-D query)
+  kNested,         // a nested tensor
   kCount
 };
 const char* fallback_name(Fallback f);

@@ -31,8 +31,11 @@
 #include <torch/library.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <array>
 #include <map>
 #include <mutex>
@@ -83,23 +86,42 @@ Core core_or_throw(std::string_view name) {
 // torch's SDPA backend numbering (at::_fused_sdp_choice, sdp::SDPBackend).
 constexpr int64_t kSdpFlash = 1, kSdpEfficient = 2, kSdpCudnn = 3;
 
-// Whether `core` runs these [B, H, L, Dh] views: torch's own checks for its fused kernels (dtype,
-// head size, GPU, strides, the user's torch.backends.cuda.enable_*_sdp switches). On the CPU, flash
-// is torch's CPU flash kernel, taken where torch's CPU selection would take it.
-bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
-                bool causal) {
+// The additive mask a fused core reads, as at::scaled_dot_product_attention hands the efficient
+// kernel one (its preprocess_mask): expanded to [B, H, L, S], its rows 16-element aligned (padded
+// and sliced back where S is not a multiple of 16), its outer strides multiples of 16.
+at::Tensor efficient_bias(const at::Tensor& bias, const at::Tensor& q, const at::Tensor& k) {
+  constexpr int64_t kAlign = 16;
+  const at::Tensor m = bias.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
+  const int64_t s = m.size(3);
+  if (s % kAlign != 0) return at::pad(m, {0, kAlign - s % kAlign}).slice(-1, 0, s);
+  if (m.stride(0) % kAlign != 0 || m.stride(1) % kAlign != 0 || m.stride(2) % kAlign != 0) return m.contiguous();
+  return m;
+}
+
+std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+
+// Whether `core` runs these [B, H, L, Dh] views with this additive mask (undefined: none): torch's
+// own checks for its fused kernels (dtype, head size, GPU, strides, the mask, the user's
+// torch.backends.cuda.enable_*_sdp switches). On the CPU, flash is torch's CPU flash kernel (which
+// takes a mask), taken where torch's CPU selection would take it. `weights`: the call returns the
+// attention weights, which only the math composite computes (sdpa_math, or torch's pick).
+bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                double dropout, bool causal, bool weights) {
   if (core == Core::kTorch || core == Core::kMath) return true;
+  if (weights) return false;
   if (q.device().is_cpu())
-    return core == Core::kFlash && at::_fused_sdp_choice(q, k, v, std::nullopt, dropout, causal) == kSdpFlash;
+    return core == Core::kFlash && at::_fused_sdp_choice(q, k, v, opt(bias), dropout, causal) == kSdpFlash;
 #if HFNN_TORCH_CUDA
   if (!q.is_cuda()) return false;
-  const sdp::sdp_params params{q, k, v, std::nullopt, dropout, causal, false};
+  const sdp::sdp_params params{q, k, v, opt(bias), dropout, causal, false};
   switch (core) {
     // can_use_flash_attention passes any head size: torch's SDPA pads it to a multiple of 8 before
-    // calling the kernel, which this op (calling the kernel itself) does not.
+    // calling the kernel, which this op (calling the kernel itself) does not. It takes no mask.
     case Core::kFlash: return q.size(-1) % 8 == 0 && sdp::can_use_flash_attention(params, false);
     case Core::kEfficient: return sdp::can_use_mem_efficient_attention(params, false);
-    case Core::kCudnn: return sdp::can_use_cudnn_attention(params, false);
+    // Not with a mask: torch's SDPA hands cuDNN bool masks as -65504, not -inf ("cuDNN -inf issue"),
+    // and nn.MultiheadAttention's masks are -inf floats; fully masked rows were not checked there.
+    case Core::kCudnn: return !bias.defined() && sdp::can_use_cudnn_attention(params, false);
     default: return false;
   }
 #else
@@ -109,33 +131,36 @@ bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::T
 
 // The core that runs: a named one as it is; torch's pick resolved to the backend torch's SDPA would
 // run on these views, kTorch (the composite through at::scaled_dot_product_attention) where that is
-// the math path or a flash call torch would pad.
-Core resolve(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout, bool causal) {
+// the math path, a flash call torch would pad, or cuDNN with a mask (which this op's kCudnn does not take).
+Core resolve(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+             double dropout, bool causal) {
   if (core != Core::kTorch) return core;
-  switch (at::_fused_sdp_choice(q, k, v, std::nullopt, dropout, causal)) {
+  switch (at::_fused_sdp_choice(q, k, v, opt(bias), dropout, causal)) {
     case kSdpFlash: return q.device().is_cpu() || q.size(-1) % 8 == 0 ? Core::kFlash : Core::kTorch;
     case kSdpEfficient: return Core::kEfficient;
-    case kSdpCudnn: return Core::kCudnn;
+    case kSdpCudnn: return bias.defined() ? Core::kTorch : Core::kCudnn;
     default: return Core::kTorch;
   }
 }
 
 bool has_node(Core core) { return core == Core::kFlash || core == Core::kEfficient || core == Core::kCudnn; }
 
-// What a fused core's backward needs besides Q, K, V and dO.
+// What a fused core's backward needs besides Q, K, V and dO (bias: the mask as the core read it).
 struct CoreOut {
-  at::Tensor o, lse, seed, offset, cum_q, cum_k;
+  at::Tensor o, lse, seed, offset, cum_q, cum_k, bias;
   int64_t max_q = 0, max_k = 0;
 };
 
-CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
-                     bool causal, bool lse) {
+CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                     double dropout, bool causal, bool lse) {
   CoreOut r;
   switch (core) {
     case Core::kFlash:
       if (q.device().is_cpu()) {
-        std::tie(r.o, r.lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal);
+        r.bias = bias;
+        std::tie(r.o, r.lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal, opt(bias));
       } else {
+        TORCH_CHECK(!bias.defined(), "hfnn.multi_head_attention: sdpa_flash takes no mask (internal error)");
         auto t = at::_scaled_dot_product_flash_attention(q, k, v, dropout, causal, false);
         r.o = std::get<0>(t), r.lse = std::get<1>(t), r.cum_q = std::get<2>(t), r.cum_k = std::get<3>(t);
         r.max_q = std::get<4>(t).expect_int(), r.max_k = std::get<5>(t).expect_int();
@@ -143,19 +168,23 @@ CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const 
       }
       break;
     case Core::kEfficient: {
-      auto t = at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, lse, dropout, causal);
+      if (bias.defined()) r.bias = efficient_bias(bias, q, k);
+      auto t = at::_scaled_dot_product_efficient_attention(q, k, v, opt(r.bias), lse, dropout, causal);
       r.o = std::get<0>(t), r.lse = std::get<1>(t), r.seed = std::get<2>(t), r.offset = std::get<3>(t);
       break;
     }
     case Core::kCudnn: {
+      TORCH_CHECK(!bias.defined(), "hfnn.multi_head_attention: sdpa_cudnn takes no mask here (internal error)");
       auto t = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, lse, dropout, causal, false);
       r.o = std::get<0>(t), r.lse = std::get<1>(t), r.cum_q = std::get<2>(t), r.cum_k = std::get<3>(t);
       r.max_q = std::get<4>(t).expect_int(), r.max_k = std::get<5>(t).expect_int();
       r.seed = std::get<6>(t), r.offset = std::get<7>(t);
       break;
     }
-    case Core::kMath: r.o = std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, std::nullopt, dropout, causal)); break;
-    case Core::kTorch: r.o = at::scaled_dot_product_attention(q, k, v, std::nullopt, dropout, causal); break;
+    case Core::kMath:
+      r.o = std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, opt(bias), dropout, causal));
+      break;
+    case Core::kTorch: r.o = at::scaled_dot_product_attention(q, k, v, opt(bias), dropout, causal); break;
   }
   return r;
 }
@@ -166,12 +195,13 @@ std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::T
   switch (core) {
     case Core::kFlash:
       g = q.device().is_cpu()
-              ? at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, c.o, c.lse, dropout, causal)
+              ? at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, c.o, c.lse, dropout, causal,
+                                                                         opt(c.bias))
               : at::_scaled_dot_product_flash_attention_backward(dout, q, k, v, c.o, c.lse, c.cum_q, c.cum_k, c.max_q,
                                                                  c.max_k, dropout, causal, c.seed, c.offset);
       break;
     case Core::kEfficient: {
-      auto t = at::_scaled_dot_product_efficient_attention_backward(dout, q, k, v, at::Tensor(), c.o, c.lse, c.seed,
+      auto t = at::_scaled_dot_product_efficient_attention_backward(dout, q, k, v, c.bias, c.o, c.lse, c.seed,
                                                                     c.offset, dropout, {true, true, true, false}, causal);
       g = {std::get<0>(t), std::get<1>(t), std::get<2>(t)};
       break;
@@ -413,18 +443,21 @@ std::vector<at::Tensor> split_heads(const at::Tensor& proj, int64_t parts, int64
   return out;
 }
 
-std::vector<Group> groups_of(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed) {
-  if (query.is_same(key) && key.is_same(value)) return {{0, 0, 3}};           // self-attention
-  if (key.is_same(value)) return {{0, 0, 1}, {1, embed, 2}};                  // encoder-decoder: K and V
+// `separate`: the module's q_proj_weight, k_proj_weight and v_proj_weight (kdim/vdim), one GEMM each.
+std::vector<Group> groups_of(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed,
+                             bool separate = false) {
+  if (!separate && query.is_same(key) && key.is_same(value)) return {{0, 0, 3}};  // self-attention
+  if (!separate && key.is_same(value)) return {{0, 0, 1}, {1, embed, 2}};         // encoder-decoder: K and V
   return {{0, 0, 1}, {1, embed, 1}, {2, 2 * embed, 1}};
 }
 
 // The buffers (uninitialized) and their views: the real geometry, for choosing a core before any
 // GEMM runs.
-Plan plan(const std::array<const at::Tensor*, 3>& in, int64_t heads, bool batch_first, const at::TensorOptions& opt) {
+Plan plan(const std::array<const at::Tensor*, 3>& in, int64_t heads, bool batch_first, const at::TensorOptions& opt,
+          bool separate = false) {
   Plan p;
   const int64_t embed = in[0]->size(2);
-  p.groups = groups_of(*in[0], *in[1], *in[2], embed);
+  p.groups = groups_of(*in[0], *in[1], *in[2], embed, separate);
   std::vector<at::Tensor> views;
   for (const Group& g : p.groups) {
     const at::Tensor& x = *in[g.input];
@@ -528,12 +561,12 @@ struct Forward {
 // The forward of every core, on inputs already in the compute dtype; `p` planned for them.
 Forward run_forward(const Plan& p, const std::array<const at::Tensor*, 3>& in, const at::Tensor& in_w,
                 const at::Tensor& in_b, const at::Tensor& out_w, const at::Tensor& out_b, Core core, bool batch_first,
-                bool causal, double dropout, bool lse) {
+                bool causal, double dropout, const at::Tensor& mask, bool lse) {
   Forward f;
   Gemms gemm(*in[0]);
   project(gemm, p, in, in_w, in_b);
   gemm.release_workspace();
-  f.core = core_forward(core, p.q, p.k, p.v, dropout, causal, lse);
+  f.core = core_forward(core, p.q, p.k, p.v, mask, dropout, causal, lse);
   f.merged = merge_heads(f.core.o, batch_first);
   const int64_t embed = out_w.size(0);
   // Allocated in the output's shape (not a view of a 2-D one: autograd forbids in-place ops on a
@@ -547,19 +580,20 @@ Forward run_forward(const Plan& p, const std::array<const at::Tensor*, 3>& in, c
 }
 
 // Autograd's one node for a call with a fused core. Inputs 0-6: query, key, value, in_proj_weight,
-// in_proj_bias, out_proj_weight, out_proj_bias (biases may be undefined); the rest are settings.
+// in_proj_bias, out_proj_weight, out_proj_bias (biases may be undefined); then settings, and last
+// the additive mask (undefined: none; it never requires grad: the op refuses a mask that does).
 class MhaFunction : public torch::autograd::Function<MhaFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
                             const at::Tensor& value, const at::Tensor& in_w, const std::optional<at::Tensor>& in_b,
                             const at::Tensor& out_w, const std::optional<at::Tensor>& out_b, const Plan& p, Core core,
-                            bool batch_first, bool causal, double dropout) {
+                            bool batch_first, bool causal, double dropout, const std::optional<at::Tensor>& mask) {
     const std::array<const at::Tensor*, 3> in{&query, &key, &value};
     Forward f = run_forward(p, in, in_w, in_b.value_or(at::Tensor()), out_w, out_b.value_or(at::Tensor()), core,
-                            batch_first, causal, dropout, true);
+                            batch_first, causal, dropout, mask.value_or(at::Tensor()), true);
     const CoreOut& c = f.core;
     ctx->save_for_backward({query, key, value, in_w, out_w, p.q, p.k, p.v, c.o, c.lse, c.seed, c.offset, c.cum_q,
-                            c.cum_k, f.merged});
+                            c.cum_k, f.merged, c.bias});
     ctx->saved_data["core"] = static_cast<int64_t>(core);
     ctx->saved_data["batch_first"] = batch_first;
     ctx->saved_data["causal"] = causal;
@@ -574,7 +608,8 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &in_w = s[3], &out_w = s[4], &q = s[5], &k = s[6], &v = s[7];
-    CoreOut c{s[8], s[9], s[10], s[11], s[12], s[13], ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt()};
+    CoreOut c{s[8], s[9], s[10], s[11], s[12], s[13], s[15], ctx->saved_data["max_q"].toInt(),
+              ctx->saved_data["max_k"].toInt()};
     const at::Tensor& merged = s[14];
     const auto core = static_cast<Core>(ctx->saved_data["core"].toInt());
     const bool batch_first = ctx->saved_data["batch_first"].toBool(), causal = ctx->saved_data["causal"].toBool();
@@ -598,7 +633,7 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
     Gemms gemm(grads[0]);
     at::Tensor keep_gy, keep_merged;
     const Mat gy = tokens(grads[0], keep_gy);  // [N, E]
-    variable_list out(12);
+    variable_list out(13);
     if (need(5)) {
       out[5] = at::empty({embed, embed}, options);
       gemm(matrix(out[5]), gy, true, tokens(merged, keep_merged), false);
@@ -635,21 +670,185 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
   }
 };
 
-void check_inputs(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t heads,
-                  const at::Tensor& in_w) {
-  TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
-              "hfnn.multi_head_attention: query, key and value must be 3-D (batched); got ", query.dim(), "-D, ",
-              key.dim(), "-D and ", value.dim(), "-D");
+// ---- the call: shapes, projection weights, masks --------------------------------------------------
+
+namespace mha = kernels::multihead_attention;
+
+// The input projection's weights: in_proj_weight [3E, E], or (the module's kdim/vdim)
+// q_proj_weight [E, E], k_proj_weight [E, kdim] and v_proj_weight [E, vdim]; in_proj_bias [3E]
+// either way (undefined: none).
+struct Proj {
+  at::Tensor in_w, q_w, k_w, v_w, in_b;
+  bool separate() const { return !in_w.defined(); }
+  // The weight that projects input i (0 query, 1 key, 2 value) where they are separate.
+  const at::Tensor& part(int i) const { return i == 0 ? q_w : i == 1 ? k_w : v_w; }
+};
+
+Proj proj_of(const std::optional<at::Tensor>& in_w, const std::optional<at::Tensor>& in_b,
+             const std::optional<at::Tensor>& q_w, const std::optional<at::Tensor>& k_w,
+             const std::optional<at::Tensor>& v_w) {
+  auto get = [](const std::optional<at::Tensor>& t) { return t.value_or(at::Tensor()); };
+  return {get(in_w), get(q_w), get(k_w), get(v_w), get(in_b)};
+}
+
+int64_t batch_of(const at::Tensor& t, bool batch_first) { return t.size(batch_first ? 0 : 1); }
+int64_t length_of(const at::Tensor& t, bool batch_first) { return t.size(batch_first ? 1 : 0); }
+
+// Empty where the op takes these shapes; else what is wrong, in one line.
+std::string shape_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t heads,
+                          const Proj& w, bool batch_first) {
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3)
+    return fmt::format("query, key and value must be 3-D (batched); got {}-D, {}-D and {}-D", query.dim(), key.dim(),
+                       value.dim());
   const int64_t embed = query.size(2);
-  TORCH_CHECK(heads > 0 && embed % heads == 0, "hfnn.multi_head_attention: embed_dim ", embed,
-              " is not divisible by num_heads ", heads);
-  TORCH_CHECK(key.size(2) == embed && value.size(2) == embed,
-              "hfnn.multi_head_attention: key and value must have embed_dim ", embed,
-              " (kdim/vdim run torch's module path)");
-  TORCH_CHECK(in_w.dim() == 2 && in_w.size(0) == 3 * embed && in_w.size(1) == embed,
-              "hfnn.multi_head_attention: in_proj_weight must be [3 * embed_dim, embed_dim]");
-  TORCH_CHECK(key.size(1) == value.size(1) && key.size(0) == value.size(0),
-              "hfnn.multi_head_attention: key and value must have the same batch and length");
+  if (heads <= 0 || embed % heads != 0)
+    return fmt::format("embed_dim {} is not divisible by num_heads {}", embed, heads);
+  if (key.size(0) != value.size(0) || key.size(1) != value.size(1))
+    return "key and value must have the same batch and length";
+  if (batch_of(key, batch_first) != batch_of(query, batch_first))
+    return fmt::format("query has batch {}, key and value {}: they must agree", batch_of(query, batch_first),
+                       batch_of(key, batch_first));
+  if (!w.separate()) {
+    if (w.q_w.defined() || w.k_w.defined() || w.v_w.defined())
+      return "give in_proj_weight, or q_proj_weight, k_proj_weight and v_proj_weight, not both";
+    if (w.in_w.dim() != 2 || w.in_w.size(0) != 3 * embed || w.in_w.size(1) != embed)
+      return "in_proj_weight must be [3 * embed_dim, embed_dim]";
+    if (key.size(2) != embed || value.size(2) != embed)
+      return fmt::format("key and value must have embed_dim {} with in_proj_weight (kdim/vdim: give q_proj_weight, "
+                         "k_proj_weight and v_proj_weight instead)", embed);
+  } else {
+    if (!w.q_w.defined() || !w.k_w.defined() || !w.v_w.defined())
+      return "give in_proj_weight, or q_proj_weight, k_proj_weight and v_proj_weight";
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor& x = i == 0 ? query : i == 1 ? key : value;
+      if (w.part(i).dim() != 2 || w.part(i).size(0) != embed || w.part(i).size(1) != x.size(2))
+        return fmt::format("{} must be [embed_dim, {}] = [{}, {}] for a {} of width {}",
+                           i == 0 ? "q_proj_weight" : i == 1 ? "k_proj_weight" : "v_proj_weight",
+                           i == 0 ? "embed_dim" : i == 1 ? "kdim" : "vdim", embed, x.size(2),
+                           i == 0 ? "query" : i == 1 ? "key" : "value", x.size(2));
+    }
+  }
+  if (w.in_b.defined() && (w.in_b.dim() != 1 || w.in_b.size(0) != 3 * embed))
+    return "in_proj_bias must be [3 * embed_dim]";
+  return "";
+}
+
+// Why the op does not run a call's masks as given.
+enum class MaskIssue {
+  kNone,
+  kInvalid,   // torch's module raises (its checks, its message)
+  kNotTaken,  // torch's module computes it, the op does not: a float mask of another dtype than the
+              // query's, or a mask on another device
+  kGrad,      // a float mask that requires grad (the op computes no gradient for a mask)
+};
+
+// A call's masks, checked: their kinds as given, and as torch's module applies them.
+struct MaskSpec {
+  mha::PaddingMask padding = mha::PaddingMask::kNone;
+  mha::AttnMask mask = mha::AttnMask::kNone;
+  mha::Masking masking;
+  std::string message;  // the issue, in a line
+};
+
+// torch's spelling of sizes in its messages: torch.Size([3, 4]) for a tensor's, (3, 3) for a tuple.
+std::string torch_size(at::IntArrayRef sizes) { return fmt::format("torch.Size([{}])", fmt::join(sizes, ", ")); }
+std::string tuple_text(std::initializer_list<int64_t> sizes) { return fmt::format("({})", fmt::join(sizes, ", ")); }
+
+// The checks torch.nn.MultiheadAttention.forward and F.multi_head_attention_forward make of the
+// masks of a batched call, in their order and with their messages (kInvalid), then what the op does
+// not take. `module`: the causal hint needs attn_mask, as torch's module says; the op alone reads
+// the hint without a mask as causal where no padding mask or weights need the mask. (torch's
+// deprecation warning for a key_padding_mask whose type is not attn_mask's is Python's to give:
+// hfnn/_families/multihead_attention.py, warn_mismatched_masks; a warning from an op called through
+// torch.ops would reach stderr, not Python's warnings.)
+MaskIssue check_masks(const at::Tensor& query, int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads,
+                      const at::Tensor& kpm, const at::Tensor& am, bool is_causal, mha::Weights weights, bool module,
+                      MaskSpec& spec) {
+  auto invalid = [&](std::string message) {
+    spec.message = std::move(message);
+    return MaskIssue::kInvalid;
+  };
+  auto is_bool = [](const at::Tensor& t) { return t.scalar_type() == at::kBool; };
+  const bool has_kpm = kpm.defined(), has_am = am.defined();
+  if (has_kpm && !is_bool(kpm) && !at::isFloatingType(kpm.scalar_type()))
+    return invalid("only bool and floating types of key_padding_mask are supported");
+  if (has_am && !is_bool(am) && !at::isFloatingType(am.scalar_type()))
+    return invalid("only bool and floating types of attn_mask are supported");
+  if (has_kpm && kpm.dim() != 2)
+    return invalid(fmt::format("For batched (3-D) `query`, expected `key_padding_mask` to be `None` or 2-D but found "
+                               "{}-D tensor instead", kpm.dim()));
+  if (has_am && am.dim() != 2 && am.dim() != 3)
+    return invalid(fmt::format("For batched (3-D) `query`, expected `attn_mask` to be `None`, 2-D or 3-D but found "
+                               "{}-D tensor instead", am.dim()));
+  if (is_causal && !has_am && (module || has_kpm || weights != mha::Weights::kNone))
+    return invalid("Need attn_mask if specifying the is_causal hint. You may use the Transformer module method "
+                   "`generate_square_subsequent_mask` to create this mask.");
+  spec.padding = !has_kpm ? mha::PaddingMask::kNone : is_bool(kpm) ? mha::PaddingMask::kBool : mha::PaddingMask::kFloat;
+  if (has_am) {
+    const bool three = am.dim() == 3;
+    spec.mask = is_bool(am) ? (three ? mha::AttnMask::kBool3d : mha::AttnMask::kBool2d)
+                            : (three ? mha::AttnMask::kFloat3d : mha::AttnMask::kFloat2d);
+  }
+  spec.masking = mha::resolve_masking(is_causal, spec.padding, spec.mask, weights);
+  const bool applied = spec.masking.mask != mha::AttnMask::kNone;
+  if (applied && am.dim() == 2 && (am.size(0) != q_len || am.size(1) != kv_len))
+    return invalid(fmt::format("The shape of the 2D attn_mask is {}, but should be {}.", torch_size(am.sizes()),
+                               tuple_text({q_len, kv_len})));
+  if (applied && am.dim() == 3 && (am.size(0) != batch * heads || am.size(1) != q_len || am.size(2) != kv_len))
+    return invalid(fmt::format("The shape of the 3D attn_mask is {}, but should be {}.", torch_size(am.sizes()),
+                               tuple_text({batch * heads, q_len, kv_len})));
+  if (has_kpm && kpm.size(0) != batch)
+    return invalid(fmt::format("Expected key_padded_mask.shape[0] to be {}, but got {}", batch, kpm.size(0)));
+  if (has_kpm && kpm.size(1) != kv_len)
+    return invalid(fmt::format("Expected key_padded_mask.shape[1] to be {}, but got {}", kv_len, kpm.size(1)));
+  for (const auto& [t, name] : {std::pair{&kpm, "key_padding_mask"}, std::pair{&am, "attn_mask"}}) {
+    if (!t->defined() || (t == &am && !applied)) continue;
+    if (t->device() != query.device()) {
+      spec.message = fmt::format("{} is on {}, the query on {}: give it on the query's device", name,
+                                 t->device().str(), query.device().str());
+      return MaskIssue::kNotTaken;
+    }
+    if (!is_bool(*t) && t->scalar_type() != query.scalar_type()) {
+      spec.message = fmt::format("{} has dtype {}, the query {}: give a bool mask or one of the query's dtype", name,
+                                 c10::toString(t->scalar_type()), c10::toString(query.scalar_type()));
+      return MaskIssue::kNotTaken;
+    }
+    if (!is_bool(*t) && t->requires_grad() && at::GradMode::is_enabled()) {
+      spec.message = fmt::format("{} requires grad: the op computes no gradient for a mask (detach it, or run "
+                                 "torch.nn.MultiheadAttention)", name);
+      return MaskIssue::kGrad;
+    }
+  }
+  return MaskIssue::kNone;
+}
+
+// The additive mask the core reads, as torch's module builds it: a bool mask becomes 0 / -inf in the
+// query's dtype (True: masked out), the attention mask [1, 1, L, S] or [B, H, L, S] and the padding
+// mask [B, 1, 1, S] are added (broadcast: [B, 1, L, S] for a 2-D mask and padding, where torch's
+// module repeats it per head), then cast to the dtype the call computes in (autocast's, as torch's
+// SDPA casts it). Undefined where no mask applies.
+at::Tensor build_mask(const MaskSpec& spec, const at::Tensor& kpm, const at::Tensor& am, at::ScalarType query_dtype,
+                      at::ScalarType dtype, int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len) {
+  auto canonical = [&](const at::Tensor& m) {
+    return m.scalar_type() == at::kBool
+               ? at::zeros_like(m, m.options().dtype(query_dtype)).masked_fill_(m, -std::numeric_limits<double>::infinity())
+               : m;
+  };
+  at::Tensor mask;
+  if (spec.masking.mask != mha::AttnMask::kNone) {
+    const at::Tensor m = canonical(am);
+    mask = m.dim() == 2 ? m.reshape({1, 1, q_len, kv_len}) : m.reshape({batch, heads, q_len, kv_len});
+  }
+  if (kpm.defined()) {
+    const at::Tensor padding = canonical(kpm).reshape({batch, 1, 1, kv_len});
+    mask = mask.defined() ? mask + padding : padding;
+  }
+  if (mask.defined() && mask.scalar_type() != dtype) mask = mask.to(dtype);
+  return mask;
+}
+
+mha::Weights weights_of(bool need_weights, bool average) {
+  return !need_weights ? mha::Weights::kNone : average ? mha::Weights::kMean : mha::Weights::kPerHead;
 }
 
 bool autocast_on(c10::DeviceType device) {
@@ -663,33 +862,76 @@ at::ScalarType compute_dtype(const at::Tensor& query) {
   return autocast_on(device) ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
 }
 
-// The composite path (the math core, or torch's pick where that is math): ATen ops that autograd
-// differentiates one by one, and autocast casts one by one.
-at::Tensor composite(const std::array<const at::Tensor*, 3>& in, int64_t heads, const at::Tensor& in_w,
-                     const std::optional<at::Tensor>& in_b, const at::Tensor& out_w,
-                     const std::optional<at::Tensor>& out_b, Core core, bool batch_first, bool causal,
-                     double dropout) {
+// ---- the composite paths: ATen ops that autograd differentiates one by one, and autocast casts one by one
+
+// Q, K and V as [B, H, L, Dh] views of the input projection's outputs.
+std::array<at::Tensor, 3> projected(const std::array<const at::Tensor*, 3>& in, int64_t heads, const Proj& w,
+                                    bool batch_first) {
   const int64_t embed = in[0]->size(2);
   std::vector<at::Tensor> views;
-  for (const Group& g : groups_of(*in[0], *in[1], *in[2], embed)) {
-    const at::Tensor w = in_w.narrow(0, g.row0, g.parts * embed);
-    const std::optional<at::Tensor> b =
-        in_b ? std::optional<at::Tensor>(in_b->narrow(0, g.row0, g.parts * embed)) : std::nullopt;
+  for (const Group& g : groups_of(*in[0], *in[1], *in[2], embed, w.separate())) {
+    const at::Tensor weight = w.separate() ? w.part(g.input) : w.in_w.narrow(0, g.row0, g.parts * embed);
+    const std::optional<at::Tensor> b = opt(w.in_b.defined() ? w.in_b.narrow(0, g.row0, g.parts * embed) : at::Tensor());
     // unbind (in split_heads), not a select a part: its backward stacks the parts' gradients into
     // one packed buffer, where each select's would be a zero-filled full-size buffer, summed.
-    for (at::Tensor& t : split_heads(at::linear(*in[g.input], w, b), g.parts, heads, batch_first)) views.push_back(t);
+    for (at::Tensor& t : split_heads(at::linear(*in[g.input], weight, b), g.parts, heads, batch_first))
+      views.push_back(t);
   }
-  const at::Tensor o = core_forward(core, views[0], views[1], views[2], dropout, causal, false).o;
-  return at::linear(merge_heads(o, batch_first), out_w, out_b);
+  return {views[0], views[1], views[2]};
 }
 
-// The op with core `named`. `refusable`: where that core does not take the input, an undefined
-// tensor instead of an error (dispatch then runs something else).
-at::Tensor run_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t num_heads,
-                  const at::Tensor& in_proj_weight, const std::optional<at::Tensor>& in_proj_bias,
-                  const at::Tensor& out_proj_weight, const std::optional<at::Tensor>& out_proj_bias, bool batch_first,
-                  bool is_causal, double dropout_p, Core named, std::string_view core_name, bool refusable) {
-  check_inputs(query, key, value, num_heads, in_proj_weight);
+// The math core, torch's pick where that is math, and any core with separate projection weights
+// (kdim/vdim): the core through its ATen op (a fused one's own autograd formula; `lse` where a
+// backward will need it).
+at::Tensor composite(const std::array<const at::Tensor*, 3>& in, int64_t heads, const Proj& w, const at::Tensor& out_w,
+                     const at::Tensor& out_b, Core core, bool batch_first, bool causal, double dropout,
+                     const at::Tensor& mask, bool lse) {
+  const auto [q, k, v] = projected(in, heads, w, batch_first);
+  const at::Tensor o = core_forward(core, q, k, v, mask, dropout, causal, lse).o;
+  return at::linear(merge_heads(o, batch_first), out_w, opt(out_b));
+}
+
+// need_weights=True, as F.multi_head_attention_forward computes it: scores of the query scaled by
+// 1/sqrt(head size) plus the mask, softmax (a fully masked row is NaN there, as in torch), dropout
+// on the weights, the weights times V; the weights [B, H, L, S] returned after dropout, averaged
+// over the heads or per head. The same ops in the same order (one 4-D matmul where torch runs bmm
+// over B * H), so dropout draws the same mask from the same seed.
+std::tuple<at::Tensor, at::Tensor> with_weights(const std::array<const at::Tensor*, 3>& in, int64_t heads,
+                                                const Proj& w, const at::Tensor& out_w, const at::Tensor& out_b,
+                                                bool batch_first, double dropout, const at::Tensor& mask,
+                                                bool average) {
+  const auto [q, k, v] = projected(in, heads, w, batch_first);
+  at::Tensor scores = at::matmul(q * std::sqrt(1.0 / static_cast<double>(q.size(3))), k.transpose(-2, -1));
+  if (mask.defined()) scores = scores + mask;
+  at::Tensor weights = at::softmax(scores, -1);
+  if (dropout > 0.0) weights = at::dropout(weights, dropout, true);
+  const at::Tensor y = at::linear(merge_heads(at::matmul(weights, v), batch_first), out_w, opt(out_b));
+  return {y, average ? weights.mean(1) : weights};
+}
+
+// ---- the op ----------------------------------------------------------------------------------------
+
+// The output, and the weights where the call asks for them.
+struct Result {
+  at::Tensor y, weights;
+};
+
+// The op with core `named`: the masks checked and applied as torch's module does (`module`: the
+// causal hint without a mask is torch's error, as for the module; else the op's causal call).
+// `refusable`: where that core does not take the input, undefined tensors instead of an error
+// (dispatch then runs something else).
+Result run_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t num_heads,
+              const Proj& given, const at::Tensor& out_proj_weight, const at::Tensor& out_proj_bias, bool batch_first,
+              bool is_causal, double dropout_p, const at::Tensor& kpm, const at::Tensor& am, mha::Weights weights,
+              bool module, Core named, std::string_view core_name, bool refusable) {
+  const std::string problem = shape_problem(query, key, value, num_heads, given, batch_first);
+  TORCH_CHECK(problem.empty(), "hfnn.multi_head_attention: ", problem);
+  const int64_t batch = batch_of(query, batch_first), heads = num_heads;
+  const int64_t q_len = length_of(query, batch_first), kv_len = length_of(key, batch_first);
+  MaskSpec spec;
+  const MaskIssue issue = check_masks(query, batch, q_len, kv_len, heads, kpm, am, is_causal, weights, module, spec);
+  TORCH_CHECK(issue == MaskIssue::kNone, issue == MaskIssue::kInvalid ? "" : "hfnn.multi_head_attention: ",
+              spec.message);
   // Autocast: cast once, keeping which of query, key and value are the same tensor.
   const c10::DeviceType device = query.device().type();
   const bool autocast = autocast_on(device);
@@ -698,66 +940,122 @@ at::Tensor run_op(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const at::Tensor cq = cast(query);
   const at::Tensor ck = key.is_same(query) ? cq : cast(key);
   const at::Tensor cv = value.is_same(key) ? ck : value.is_same(query) ? cq : cast(value);
-  const at::Tensor in_w = cast(in_proj_weight), out_w = cast(out_proj_weight);
-  const at::Tensor in_b = cast(in_proj_bias.value_or(at::Tensor())), out_b = cast(out_proj_bias.value_or(at::Tensor()));
+  const Proj w{cast(given.in_w), cast(given.q_w), cast(given.k_w), cast(given.v_w), cast(given.in_b)};
+  const at::Tensor out_w = cast(out_proj_weight), out_b = cast(out_proj_bias);
   const std::array<const at::Tensor*, 3> in{&cq, &ck, &cv};
 
   bool grad = false;
   if (at::GradMode::is_enabled())
-    for (const at::Tensor* t : {&cq, &ck, &cv, &in_w, &in_b, &out_w, &out_b}) grad = grad || (t->defined() && t->requires_grad());
-  const Plan p = plan(in, num_heads, batch_first, cq.options().dtype(in_w.scalar_type()));
+    for (const at::Tensor* t : {&cq, &ck, &cv, &w.in_w, &w.q_w, &w.k_w, &w.v_w, &w.in_b, &out_w, &out_b})
+      grad = grad || (t->defined() && t->requires_grad());
+  const at::Tensor mask = build_mask(spec, kpm, am, query.scalar_type(), dtype, batch, heads, q_len, kv_len);
+  const bool causal = spec.masking.causal;
+  const at::Tensor& w0 = w.separate() ? w.q_w : w.in_w;
+  const Plan p = plan(in, num_heads, batch_first, cq.options().dtype(w0.scalar_type()), w.separate());
   // torch's checks read requires_grad (some kernels have no backward for some head sizes on some
   // GPUs): the buffers' views do not carry it, aliases that do are asked instead.
   std::array<at::Tensor, 3> views{p.q, p.k, p.v};
   if (grad)
     for (at::Tensor& t : views) t = t.detach().requires_grad_();
-  const bool takes = core_takes(named, views[0], views[1], views[2], dropout_p, is_causal);
+  const bool takes_weights = weights != mha::Weights::kNone;
+  const bool takes = core_takes(named, views[0], views[1], views[2], mask, dropout_p, causal, takes_weights);
   if (!takes && refusable) return {};
-  TORCH_CHECK(takes, "hfnn.multi_head_attention: core ", std::string(core_name), " does not take this input (dtype ", p.q.scalar_type(), ", head size ",
-              p.q.size(3), ", ", query.device(), "); hfnn.multi_head_attention_supports says which do");
-  const Core core = resolve(named, views[0], views[1], views[2], dropout_p, is_causal);
-  auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  if (!has_node(core)) {
-    return composite(in, num_heads, in_w, opt(in_b), out_w, opt(out_b), core, batch_first, is_causal, dropout_p);
+  TORCH_CHECK(takes, "hfnn.multi_head_attention: core ", std::string(core_name), " does not take this input (dtype ",
+              p.q.scalar_type(), ", head size ", p.q.size(3), ", ", query.device(), mask.defined() ? ", a mask" : "",
+              takes_weights ? ", need_weights" : "", "); hfnn.multi_head_attention_supports says which do");
+  if (takes_weights) {
+    auto [y, attn] = with_weights(in, num_heads, w, out_w, out_b, batch_first, dropout_p, mask,
+                                  weights == mha::Weights::kMean);
+    return {y, attn};
   }
-  if (!grad) return run_forward(p, in, in_w, in_b, out_w, out_b, core, batch_first, is_causal, dropout_p, false).y;
-  return MhaFunction::apply(cq, ck, cv, in_w, opt(in_b), out_w, opt(out_b), p, core, batch_first, is_causal, dropout_p);
+  const Core core = resolve(named, views[0], views[1], views[2], mask, dropout_p, causal);
+  if (!has_node(core) || w.separate())
+    return {composite(in, num_heads, w, out_w, out_b, core, batch_first, causal, dropout_p, mask, grad)};
+  if (!grad)
+    return {run_forward(p, in, w.in_w, w.in_b, out_w, out_b, core, batch_first, causal, dropout_p, mask, false).y};
+  return {MhaFunction::apply(cq, ck, cv, w.in_w, opt(w.in_b), out_w, opt(out_b), p, core, batch_first, causal,
+                             dropout_p, opt(mask))};
 }
 
+std::string_view view_of(c10::string_view s) { return {s.data(), s.size()}; }
+
 at::Tensor multi_head_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                int64_t num_heads, const at::Tensor& in_proj_weight,
+                                int64_t num_heads, const std::optional<at::Tensor>& in_proj_weight,
                                 const std::optional<at::Tensor>& in_proj_bias, const at::Tensor& out_proj_weight,
                                 const std::optional<at::Tensor>& out_proj_bias, bool batch_first, bool is_causal,
-                                double dropout_p, c10::string_view core_name) {
-  const std::string_view name(core_name.data(), core_name.size());
-  return run_op(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
-                batch_first, is_causal, dropout_p, core_or_throw(name), name, false);
+                                double dropout_p, c10::string_view core_name,
+                                const std::optional<at::Tensor>& key_padding_mask,
+                                const std::optional<at::Tensor>& attn_mask,
+                                const std::optional<at::Tensor>& q_proj_weight,
+                                const std::optional<at::Tensor>& k_proj_weight,
+                                const std::optional<at::Tensor>& v_proj_weight) {
+  const std::string_view name = view_of(core_name);
+  return run_op(query, key, value, num_heads,
+                proj_of(in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight), out_proj_weight,
+                out_proj_bias.value_or(at::Tensor()), batch_first, is_causal, dropout_p,
+                key_padding_mask.value_or(at::Tensor()), attn_mask.value_or(at::Tensor()), mha::Weights::kNone, false,
+                core_or_throw(name), name, false)
+      .y;
+}
+
+std::tuple<at::Tensor, at::Tensor> multi_head_attention_with_weights(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t num_heads,
+    const std::optional<at::Tensor>& in_proj_weight, const std::optional<at::Tensor>& in_proj_bias,
+    const at::Tensor& out_proj_weight, const std::optional<at::Tensor>& out_proj_bias, bool batch_first,
+    bool is_causal, double dropout_p, c10::string_view core_name, const std::optional<at::Tensor>& key_padding_mask,
+    const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& q_proj_weight,
+    const std::optional<at::Tensor>& k_proj_weight, const std::optional<at::Tensor>& v_proj_weight,
+    bool average_attn_weights) {
+  const std::string_view name = view_of(core_name);
+  Result r = run_op(query, key, value, num_heads,
+                    proj_of(in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight),
+                    out_proj_weight, out_proj_bias.value_or(at::Tensor()), batch_first, is_causal, dropout_p,
+                    key_padding_mask.value_or(at::Tensor()), attn_mask.value_or(at::Tensor()),
+                    weights_of(true, average_attn_weights), false, core_or_throw(name), name, false);
+  return {r.y, r.weights};
 }
 
 bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                    int64_t num_heads, bool batch_first, bool is_causal, double dropout_p,
-                                   c10::string_view core_name) {
-  const auto core = parse_core(std::string_view(core_name.data(), core_name.size()));
+                                   c10::string_view core_name, const std::optional<at::Tensor>& key_padding_mask,
+                                   const std::optional<at::Tensor>& attn_mask, bool need_weights,
+                                   bool separate_proj) {
+  const auto core = parse_core(view_of(core_name));
   if (!core || query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || num_heads <= 0) return false;
   const int64_t embed = query.size(2);
-  if (embed % num_heads != 0 || key.size(2) != embed || value.size(2) != embed) return false;
+  if (embed % num_heads != 0 || key.size(0) != value.size(0) || key.size(1) != value.size(1) ||
+      batch_of(key, batch_first) != batch_of(query, batch_first))
+    return false;
+  if (!separate_proj && (key.size(2) != embed || value.size(2) != embed)) return false;
+  const at::Tensor kpm = key_padding_mask.value_or(at::Tensor()), am = attn_mask.value_or(at::Tensor());
+  const int64_t batch = batch_of(query, batch_first), q_len = length_of(query, batch_first);
+  const int64_t kv_len = length_of(key, batch_first);
+  MaskSpec spec;
+  const mha::Weights weights = weights_of(need_weights, true);
+  if (check_masks(query, batch, q_len, kv_len, num_heads, kpm, am, is_causal, weights, false, spec) !=
+      MaskIssue::kNone)
+    return false;
   if (*core == Core::kTorch || *core == Core::kMath) return true;
+  if (need_weights) return false;
   // The views the op would build: plan() on meta tensors (same identities of query, key and value,
   // so the same GEMMs and strides), then each view's geometry (sizes, strides, offset) over device
   // memory of its extent, for torch's checks, which read dtype, sizes, strides, alignment and
-  // device. Nothing runs.
+  // device; and the mask the op would build. No attention runs.
   auto meta = [](const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kMeta)); };
   const at::Tensor mq = meta(query);
   const at::Tensor mk = key.is_same(query) ? mq : meta(key);
   const at::Tensor mv = value.is_same(key) ? mk : value.is_same(query) ? mq : meta(value);
-  const Plan p = plan({&mq, &mk, &mv}, num_heads, batch_first, mq.options());
+  const Plan p = plan({&mq, &mk, &mv}, num_heads, batch_first, mq.options(), separate_proj);
   // A training call's views require grad (torch's checks read it): assumed wherever grad mode is on.
   auto on_device = [&](const at::Tensor& view, const at::Tensor& like) {
     const int64_t extent = static_cast<int64_t>(view.storage().nbytes()) / view.element_size();
     at::Tensor t = at::empty({extent}, like.options()).as_strided(view.sizes(), view.strides(), view.storage_offset());
     return at::GradMode::is_enabled() && t.is_floating_point() ? t.detach().requires_grad_() : t;
   };
-  return core_takes(*core, on_device(p.q, query), on_device(p.k, key), on_device(p.v, value), dropout_p, is_causal);
+  const at::Tensor mask =
+      build_mask(spec, kpm, am, query.scalar_type(), query.scalar_type(), batch, num_heads, q_len, kv_len);
+  return core_takes(*core, on_device(p.q, query), on_device(p.k, query), on_device(p.v, query), mask, dropout_p,
+                    spec.masking.causal, false);
 }
 
 // ---- HFNN_DISPATCH_DB ------------------------------------------------------------------------------
@@ -767,8 +1065,6 @@ bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& ke
 // the table (a hash lookup; the GPU resolved once per device) and counts, then runs the winner's
 // core, or returns an undefined tensor (None in Python): the caller runs torch's module path. No
 // text is built and nothing but the counters is written on the way.
-
-namespace mha = kernels::multihead_attention;
 
 int family_index() {
   static const int family = dispatch::Runtime::get().family_index(mha::kFamily.op);
@@ -798,57 +1094,67 @@ mha::Inputs inputs_of(const at::Tensor& query, const at::Tensor& key, const at::
   return key.is_same(value) ? mha::Inputs::kSharedKv : mha::Inputs::kSeparate;
 }
 
-// What a call with this table ran. `untuned_runs_op`: hfnn.nn.MultiheadAttention's calls (to_hfnn),
-// whose keys without a winner keep running the op with torch's pick of core, as without a table;
-// nn.MultiheadAttention's (the wrapper) run torch's module there, exactly as without hfnn.
-at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                         int64_t num_heads, const std::optional<at::Tensor>& in_proj_weight,
-                                         const std::optional<at::Tensor>& in_proj_bias,
-                                         const at::Tensor& out_proj_weight,
-                                         const std::optional<at::Tensor>& out_proj_bias, bool batch_first,
-                                         bool is_causal, double dropout_p, bool need_weights,
-                                         const std::optional<at::Tensor>& key_padding_mask,
-                                         const std::optional<at::Tensor>& attn_mask, bool extra_kv,
-                                         bool untuned_runs_op) {
+// What a call ran: (output, weights, "") where hfnn's op ran it, else (None, None, why): the caller
+// runs torch's module path. `untuned_runs_op`: hfnn.nn.MultiheadAttention's calls (to_hfnn), whose
+// keys without a winner keep running the op with torch's pick of core, as without a table, and
+// whose invalid masks raise torch's message here; nn.MultiheadAttention's (the wrapper) run torch's
+// module there, exactly as without hfnn (torch then raises its own errors). `count`: the call is
+// counted in hfnn.dispatch_stats() and asks the table (HFNN_DISPATCH_DB); without it (hfnn's module,
+// no table) it runs the op with torch's pick, or says why not.
+std::tuple<at::Tensor, at::Tensor, std::string> multi_head_attention_dispatch(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t num_heads,
+    const std::optional<at::Tensor>& in_proj_weight, const std::optional<at::Tensor>& in_proj_bias,
+    const at::Tensor& out_proj_weight, const std::optional<at::Tensor>& out_proj_bias, bool batch_first,
+    bool is_causal, double dropout_p, bool need_weights, const std::optional<at::Tensor>& key_padding_mask,
+    const std::optional<at::Tensor>& attn_mask, bool extra_kv, bool untuned_runs_op, bool average_attn_weights,
+    const std::optional<at::Tensor>& q_proj_weight, const std::optional<at::Tensor>& k_proj_weight,
+    const std::optional<at::Tensor>& v_proj_weight, bool count) {
   auto& rt = dispatch::Runtime::get();
   const int family = family_index();
+  using Out = std::tuple<at::Tensor, at::Tensor, std::string>;
   auto torch_module = [&](dispatch::Fallback why) {
-    rt.count_fallback(family, mha::kTrain, why);
-    return at::Tensor();
+    if (count) rt.count_fallback(family, mha::kTrain, why);
+    return Out{at::Tensor(), at::Tensor(), dispatch::fallback_name(why)};
   };
-  const bool has_mask = attn_mask.has_value() && attn_mask->defined();
-  // What the op does not compute as torch's module would (torch's own checks and errors included:
-  // the causal hint without a mask is torch's error, which hfnn's module does not raise).
-  if (need_weights) return torch_module(dispatch::Fallback::kNeedWeights);
-  if ((key_padding_mask.has_value() && key_padding_mask->defined()) || (has_mask && !is_causal) ||
-      (is_causal && !has_mask && !untuned_runs_op))
-    return torch_module(dispatch::Fallback::kMask);
-  if (!in_proj_weight.has_value() || !in_proj_weight->defined() || extra_kv)
-    return torch_module(dispatch::Fallback::kModuleSettings);
-  const at::Tensor& in_w = *in_proj_weight;
-  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.is_nested() || key.is_nested() ||
-      value.is_nested() || num_heads <= 0 || query.size(2) % num_heads != 0 || key.size(2) != query.size(2) ||
-      value.size(2) != query.size(2) || key.sizes() != value.sizes() || in_w.dim() != 2 ||
-      in_w.size(0) != 3 * query.size(2) || in_w.size(1) != query.size(2))
+  // What the op does not compute as torch's module would.
+  if (extra_kv) return torch_module(dispatch::Fallback::kModuleSettings);
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) return torch_module(dispatch::Fallback::kUnbatched);
+  if (query.is_nested() || key.is_nested() || value.is_nested()) return torch_module(dispatch::Fallback::kNested);
+  const Proj w = proj_of(in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight);
+  if (!shape_problem(query, key, value, num_heads, w, batch_first).empty())
     return torch_module(dispatch::Fallback::kUnsupported);
+  const int64_t batch = batch_of(query, batch_first), q_len = length_of(query, batch_first);
+  const int64_t kv_len = length_of(key, batch_first);
+  const at::Tensor kpm = key_padding_mask.value_or(at::Tensor()), am = attn_mask.value_or(at::Tensor());
+  const mha::Weights weights = weights_of(need_weights, average_attn_weights);
+  MaskSpec spec;
+  switch (check_masks(query, batch, q_len, kv_len, num_heads, kpm, am, is_causal, weights, true, spec)) {
+    case MaskIssue::kNone: break;
+    case MaskIssue::kInvalid:
+      TORCH_CHECK(!untuned_runs_op, spec.message);  // hfnn's module: torch's message; torch's module raises its own
+      return torch_module(dispatch::Fallback::kMask);
+    case MaskIssue::kNotTaken: return torch_module(dispatch::Fallback::kMask);
+    case MaskIssue::kGrad: return torch_module(dispatch::Fallback::kMaskGrad);
+  }
   auto run = [&](Core core, std::string_view name, bool refusable) {
-    return run_op(query, key, value, num_heads, in_w, in_proj_bias, out_proj_weight, out_proj_bias, batch_first,
-                  is_causal, dropout_p, core, name, refusable);
+    Result r = run_op(query, key, value, num_heads, w, out_proj_weight, out_proj_bias.value_or(at::Tensor()),
+                      batch_first, is_causal, dropout_p, kpm, am, weights, true, core, name, refusable);
+    return Out{r.y, r.weights, ""};
   };
+  if (!count) return run(Core::kTorch, "", false);
   // Not tuned here: torch's module, or for hfnn's module the op with torch's pick.
   auto untuned = [&](dispatch::Fallback why) {
     rt.count_fallback(family, mha::kTrain, why);
-    return untuned_runs_op ? run(Core::kTorch, "", false) : at::Tensor();
+    return untuned_runs_op ? run(Core::kTorch, "", false) : Out{at::Tensor(), at::Tensor(), dispatch::fallback_name(why)};
   };
   if (!query.is_cuda()) return untuned(dispatch::Fallback::kCpuTensor);
   const auto dtype = kernel_dtype(compute_dtype(query));
   if (!dtype) return untuned(dispatch::Fallback::kUnsupported);
 #if HFNN_TORCH_CUDA
-  const int64_t d0 = query.size(0), d1 = query.size(1), kv_len = key.size(batch_first ? 1 : 0);
   const families::PackedKey packed =
-      mha::pack(batch_first ? d0 : d1, batch_first ? d1 : d0, kv_len, query.size(2), num_heads, *dtype, batch_first,
-                is_causal, inputs_of(query, key, value), in_proj_bias.has_value() && in_proj_bias->defined(),
-                dropout_p > 0);
+      mha::pack(batch, q_len, kv_len, query.size(2), num_heads, *dtype, batch_first, spec.masking.causal,
+                inputs_of(query, key, value), w.in_b.defined(), dropout_p > 0, spec.padding, spec.masking.mask,
+                weights, w.separate() ? key.size(2) : 0, w.separate() ? value.size(2) : 0);
   const int device = query.get_device();
   const dispatch::WinnerMap* map = rt.for_device(family, device, [&] { return device_gpu(device); });
   dispatch::Pick pick;
@@ -860,7 +1166,7 @@ at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tens
   if (pick.index >= 0) {
     const auto& cores = variant_cores();
     const std::string_view name = static_cast<size_t>(pick.index) < cores.size() ? mha::kCores[pick.index] : "?";
-    at::Tensor out;
+    Out out;
     if (static_cast<size_t>(pick.index) < cores.size()) {
       try {
         out = run(cores[pick.index], name, true);
@@ -874,7 +1180,7 @@ at::Tensor multi_head_attention_dispatch(const at::Tensor& query, const at::Tens
         return torch_module(dispatch::Fallback::kLaunchFailed);
       }
     }
-    if (out.defined()) {
+    if (std::get<0>(out).defined()) {
       rt.count_variant(family, mha::kTrain, pick.index);
       return out;
     }
@@ -904,23 +1210,35 @@ std::vector<int64_t> gemm_cache_stats() {
 }  // namespace hfnn::attention
 
 TORCH_LIBRARY_FRAGMENT(hfnn, m) {
-  // Returns None (an undefined tensor) where torch's module path is to run the call.
+  // (None, None, why) where torch's module path is to run the call; (output, weights or None, "").
   m.def(
       "multi_head_attention_dispatch(Tensor query, Tensor key, Tensor value, int num_heads, Tensor? in_proj_weight, "
       "Tensor? in_proj_bias, Tensor out_proj_weight, Tensor? out_proj_bias, bool batch_first, bool is_causal, "
       "float dropout_p, bool need_weights, Tensor? key_padding_mask, Tensor? attn_mask, bool extra_kv, "
-      "bool untuned_runs_op) -> Tensor");
+      "bool untuned_runs_op, bool average_attn_weights=True, Tensor? q_proj_weight=None, "
+      "Tensor? k_proj_weight=None, Tensor? v_proj_weight=None, bool count=True) -> (Tensor, Tensor, str)");
   m.impl("multi_head_attention_dispatch", c10::DispatchKey::CompositeImplicitAutograd,
          TORCH_FN(hfnn::attention::multi_head_attention_dispatch));
   m.def(
-      "multi_head_attention(Tensor query, Tensor key, Tensor value, int num_heads, Tensor in_proj_weight, "
+      "multi_head_attention(Tensor query, Tensor key, Tensor value, int num_heads, Tensor? in_proj_weight, "
       "Tensor? in_proj_bias, Tensor out_proj_weight, Tensor? out_proj_bias, bool batch_first=False, "
-      "bool is_causal=False, float dropout_p=0.0, str core='') -> Tensor");
+      "bool is_causal=False, float dropout_p=0.0, str core='', Tensor? key_padding_mask=None, "
+      "Tensor? attn_mask=None, Tensor? q_proj_weight=None, Tensor? k_proj_weight=None, "
+      "Tensor? v_proj_weight=None) -> Tensor");
   m.impl("multi_head_attention", c10::DispatchKey::CompositeImplicitAutograd,
          TORCH_FN(hfnn::attention::multi_head_attention));
   m.def(
+      "multi_head_attention_with_weights(Tensor query, Tensor key, Tensor value, int num_heads, "
+      "Tensor? in_proj_weight, Tensor? in_proj_bias, Tensor out_proj_weight, Tensor? out_proj_bias, "
+      "bool batch_first=False, bool is_causal=False, float dropout_p=0.0, str core='', "
+      "Tensor? key_padding_mask=None, Tensor? attn_mask=None, Tensor? q_proj_weight=None, "
+      "Tensor? k_proj_weight=None, Tensor? v_proj_weight=None, bool average_attn_weights=True) -> (Tensor, Tensor)");
+  m.impl("multi_head_attention_with_weights", c10::DispatchKey::CompositeImplicitAutograd,
+         TORCH_FN(hfnn::attention::multi_head_attention_with_weights));
+  m.def(
       "multi_head_attention_supports(Tensor query, Tensor key, Tensor value, int num_heads, bool batch_first, "
-      "bool is_causal, float dropout_p, str core) -> bool");
+      "bool is_causal, float dropout_p, str core, Tensor? key_padding_mask=None, Tensor? attn_mask=None, "
+      "bool need_weights=False, bool separate_proj=False) -> bool");
   m.impl("multi_head_attention_supports", c10::DispatchKey::CompositeExplicitAutograd,
          TORCH_FN(hfnn::attention::multi_head_attention_supports));
   m.def("_gemm_cache_stats() -> int[]", TORCH_FN(hfnn::attention::gemm_cache_stats));

@@ -11,9 +11,9 @@ torch's own autograd, autocast and CUDA graphs. A key without a winner runs torc
 
 nn.MultiheadAttention (and nn.Transformer*Layer, which call it): where the table has attention
 keys, its forward is wrapped (hfnn/_families/multihead_attention.py) so every call asks one C++ op,
-which checks what hfnn's op takes, looks the call's packed key up and counts; a key's winning core
-runs as hfnn's op, everything else (untuned keys, keys torch won, need_weights=True, masks, kdim)
-runs torch's own forward as before. nn.LSTM likewise, where the table has LSTM keys
+which checks what hfnn's op takes, looks the call's packed key up (masks' kinds, need_weights and
+kdim/vdim included) and counts; a key's winning core runs as hfnn's op, everything else (untuned
+keys, keys torch won, add_bias_kv, masks the op does not take) runs torch's own forward as before. nn.LSTM likewise, where the table has LSTM keys
 (hfnn/_families/lstm.py): each call asks hfnn::lstm_choose for its key's winner; its calls are
 counted in Python.
 

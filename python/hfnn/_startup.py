@@ -73,21 +73,39 @@ def _record_attention_shapes(torch):
     """Wraps nn.MultiheadAttention.forward so each call is a record_function scope whose name
     carries what picks an attention kernel: `hfnn.shape|multihead_attention|<query shape>|<dtype>|
     <settings>` (the dtype the call computes in: autocast's under autocast; the settings are what
-    kernels/multihead_attention's key_of reads). The collector turns such scopes into shape records (with their CPU and CUDA time)
+    kernels/multihead_attention's key_of reads: the masks' kinds, need_weights and average, kdim and
+    vdim). The collector turns such scopes into shape records (with their CPU and CUDA time)
     and keeps them out of the op table. Only in profiled processes."""
     from torch import nn
 
     original = nn.MultiheadAttention.forward
 
+    def mask_kind(mask, query, with_dims):
+        """0, or the mask's kind as the key names it (bool2d, float3d, ...; bool, float without
+        dims), or "other" for one hfnn's op does not take: another dtype than the query's, another
+        device, a float mask that requires grad."""
+        if mask is None:
+            return "0"
+        if mask.dtype == torch.bool:
+            kind = "bool"
+        elif (mask.dtype != query.dtype or mask.device != query.device
+              or (mask.requires_grad and torch.is_grad_enabled())):
+            return "other"
+        else:
+            kind = "float"
+        return f"{kind}{mask.dim()}d" if with_dims else kind
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         inputs = "self" if query is key and key is value else "kv" if key is value else "qkv"
+        kdim = "0" if self._qkv_same_embed_dim else f"1,kdim_size={self.kdim},vdim_size={self.vdim}"
         settings = (f"embed={self.embed_dim},heads={self.num_heads},kv_len={key.shape[-2] if self.batch_first else key.shape[0]},"
                     f"batch_first={int(self.batch_first)},need_weights={int(bool(need_weights))},"
-                    f"attn_mask={int(attn_mask is not None)},key_padding_mask={int(key_padding_mask is not None)},"
+                    f"attn_mask={mask_kind(attn_mask, query, True)},"
+                    f"key_padding_mask={mask_kind(key_padding_mask, query, False)},"
                     f"causal={int(bool(is_causal))},inputs={inputs},bias={int(self.in_proj_bias is not None)},"
-                    f"kdim={int(not self._qkv_same_embed_dim)},bias_kv={int(self.bias_k is not None or self.add_zero_attn)},"
-                    f"dropout={int(self.training and self.dropout > 0)}")
+                    f"kdim={kdim},bias_kv={int(self.bias_k is not None or self.add_zero_attn)},"
+                    f"dropout={int(self.training and self.dropout > 0)},average={int(bool(average_attn_weights))}")
         shape = "[" + ",".join(str(d) for d in query.shape) + "]"
         dtype = str(_compute_dtype(torch, query)).replace("torch.", "")
         with torch.autograd.profiler.record_function(f"hfnn.shape|multihead_attention|{shape}|{dtype}|{settings}"):

@@ -46,62 +46,42 @@ attention_calls: "collections.Counter[str]" = collections.Counter()
 attention_fallbacks: "collections.Counter[str]" = collections.Counter()
 
 
-def _attention_fallback_reason(m: nn.MultiheadAttention, query, key, value, key_padding_mask, need_weights,
-                               attn_mask, is_causal) -> str | None:
-    """None where hfnn's op computes what torch's module would; else why not, in a few words."""
-    if not _ops.available:
-        return "op library not loaded"
-    if need_weights:
-        return "need_weights=True"
-    if key_padding_mask is not None:
-        return "key_padding_mask"
-    # Torch's module drops attn_mask for the is_causal hint when there is no padding mask and no
-    # weights are returned (F.multi_head_attention_forward); anything else is a mask hfnn does not take.
-    if attn_mask is not None and not is_causal:
-        return "attn_mask"
-    if m.bias_k is not None or m.add_zero_attn:
-        return "add_bias_kv/add_zero_attn"
-    if not m._qkv_same_embed_dim:
-        return "kdim/vdim"
-    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
-        return "unbatched input"
-    if query.is_nested or key.is_nested or value.is_nested:
-        return "nested tensor"
-    return None
-
-
 class MultiheadAttention(nn.MultiheadAttention):
     """torch.nn.MultiheadAttention through one hfnn op a call: the same constructor, parameters and
     state_dict keys (a subclass: checkpoints move freely, to_hfnn / to_torch switch classes in place).
 
-    What the op takes (batched self- or cross-attention, need_weights=False, no masks but the causal
-    hint, no add_bias_kv / add_zero_attn, no kdim / vdim) runs hfnn.multi_head_attention: the input
-    projection read in place as Q, K and V, torch's SDPA core, no Python in between. Anything else
-    runs torch's module path, counted with its reason in hfnn.nn.attention_fallbacks.
+    A batched call (self- or cross-attention, kdim/vdim, batch_first either way, with or without
+    bias, dropout in training) runs hfnn.multi_head_attention: the input projection read in place as
+    Q, K and V, torch's SDPA core, no Python in between. Masks are applied as torch's module applies
+    them (key_padding_mask and attn_mask, bool or float, 2-D or 3-D, merged with each other and with
+    the is_causal hint as F.multi_head_attention_forward does, with its checks, messages and
+    warnings); need_weights=True returns the weights (averaged over the heads or not) from the
+    composite torch's module computes them with. Anything else runs torch's module path, counted
+    with its reason in hfnn.nn.attention_fallbacks: add_bias_kv / add_zero_attn, unbatched input,
+    nested tensors, a float mask that requires grad or is of another dtype than the query, and
+    calls under torch.compile (which traces torch's module).
     """
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        why = _attention_fallback_reason(self, query, key, value, key_padding_mask, need_weights, attn_mask, is_causal)
-        if _dispatch.active and _ops.available and not torch.compiler.is_compiling():
-            # Every call asks the table, as plain modules' do under HFNN_DISPATCH_DB, so
-            # hfnn.dispatch_stats() counts each call and each fall-back's reason once: the winner
-            # for the call's key; a key without one runs torch's pick of core in the op, as without
-            # a table; None: torch's module (a call the op does not take, or torch won the tuning).
-            out = torch.ops.hfnn.multi_head_attention_dispatch(
+        if not _ops.available:
+            why = "op library not loaded"
+        elif torch.compiler.is_compiling():  # Dynamo traces torch's module; hfnn's op has no fake kernel
+            why = "torch.compile"
+        else:
+            # One C++ call checks the call, runs it (the table's winner for its key under
+            # HFNN_DISPATCH_DB, where hfnn.dispatch_stats() counts it; else torch's pick of core) or
+            # says why torch's module runs it instead.
+            out, weights, why = torch.ops.hfnn.multi_head_attention_dispatch(
                 query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight,
                 self.out_proj.bias, self.batch_first, bool(is_causal), self.dropout if self.training else 0.0,
-                bool(need_weights), key_padding_mask, attn_mask, self.bias_k is not None or self.add_zero_attn, True)
+                bool(need_weights), key_padding_mask, attn_mask, self.bias_k is not None or self.add_zero_attn, True,
+                bool(average_attn_weights), self.q_proj_weight, self.k_proj_weight, self.v_proj_weight,
+                _dispatch.active)
             if out is not None:
                 attention_calls["hfnn"] += 1
-                return out, None
-            why = why or "HFNN_DISPATCH_DB: torch's module"
-        elif why is None:
-            attention_calls["hfnn"] += 1
-            out = torch.ops.hfnn.multi_head_attention(
-                query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight,
-                self.out_proj.bias, self.batch_first, bool(is_causal), self.dropout if self.training else 0.0, "")
-            return out, None
+                _mha_family.warn_mismatched_masks(query, key_padding_mask, attn_mask)
+                return out, weights
         attention_fallbacks[why] += 1
         # torch's own forward (not HFNN_DISPATCH_DB's wrapper of it, which would route the call again).
         torch_forward = _mha_family.torch_forward or super().forward.__func__

@@ -55,12 +55,57 @@ TEST(AttentionKey, ARecordedTrainingCallHasAKey) {
   EXPECT_EQ(c->text(), "B=8,L=100,S=300,E=1024,H=16,batch_first=1,causal=1,inputs=kv,bias=0,dropout=1");
 }
 
+TEST(AttentionKey, MasksWeightsAndKdimAreKeys) {
+  const auto pad = key_of("[8,100,1024]", flags("kv_len=300,inputs=kv,key_padding_mask=bool"));
+  ASSERT_TRUE(pad);
+  EXPECT_EQ(pad->text(), "B=8,L=100,S=300,E=1024,H=16,batch_first=1,causal=0,inputs=kv,bias=1,dropout=0,"
+                         "key_padding_mask=bool");
+  const auto all = key_of("[100,8,1024]", flags("kv_len=300,inputs=qkv,key_padding_mask=float,attn_mask=bool3d,"
+                                                "need_weights=1,average=0,kdim=1,kdim_size=64,vdim_size=32",
+                                                false));
+  ASSERT_TRUE(all);
+  EXPECT_EQ(all->text(), "B=8,L=100,S=300,E=1024,H=16,batch_first=0,causal=0,inputs=qkv,bias=1,dropout=0,"
+                         "key_padding_mask=float,attn_mask=bool3d,weights=per_head,kdim=64,vdim=32");
+  const auto weights = key_of("[200,256,1024]", flags("need_weights=1"));
+  ASSERT_TRUE(weights);
+  EXPECT_EQ(weights->weights, Weights::kMean);
+  EXPECT_EQ(key_of("[200,256,1024]", flags("attn_mask=float2d"))->mask, AttnMask::kFloat2d);
+}
+
+TEST(AttentionKey, TheCausalHintResolvesAsTorchsModuleAppliesIt) {
+  // The hint alone drops its mask: the core runs causal, whatever the mask's kind.
+  for (const std::string mask : {"1", "float2d", "bool3d", "other"}) {
+    const auto k = key_of("[200,256,1024]", flags("causal=1,attn_mask=" + mask));
+    ASSERT_TRUE(k) << mask;
+    EXPECT_TRUE(k->causal);
+    EXPECT_EQ(k->mask, AttnMask::kNone);
+  }
+  // With a padding mask or weights the mask is applied and the hint dropped.
+  const auto padded = key_of("[200,256,1024]", flags("causal=1,attn_mask=float2d,key_padding_mask=bool"));
+  ASSERT_TRUE(padded);
+  EXPECT_FALSE(padded->causal);
+  EXPECT_EQ(padded->mask, AttnMask::kFloat2d);
+  const auto weights = key_of("[200,256,1024]", flags("causal=1,attn_mask=bool2d,need_weights=1"));
+  ASSERT_TRUE(weights);
+  EXPECT_FALSE(weights->causal);
+  EXPECT_EQ(weights->mask, AttnMask::kBool2d);
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("causal=1,attn_mask=1,key_padding_mask=bool")));  // kind unknown
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("causal=1,key_padding_mask=bool")));  // torch's error
+  static_assert(resolve_masking(true, PaddingMask::kNone, AttnMask::kFloat2d, Weights::kNone).causal);
+  static_assert(!resolve_masking(true, PaddingMask::kBool, AttnMask::kFloat2d, Weights::kNone).causal);
+  static_assert(resolve_masking(false, PaddingMask::kNone, AttnMask::kBool3d, Weights::kNone).mask == AttnMask::kBool3d);
+}
+
 TEST(AttentionKey, CallsTheOpDoesNotTakeHaveNone) {
-  EXPECT_FALSE(key_of("[200,256,1024]", flags("need_weights=1")));
-  EXPECT_FALSE(key_of("[200,256,1024]", flags("key_padding_mask=1")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("key_padding_mask=1")));  // profiles from before the kinds
   EXPECT_FALSE(key_of("[200,256,1024]", flags("attn_mask=1")));  // a mask that is not the causal hint
-  EXPECT_FALSE(key_of("[200,256,1024]", flags("kdim=1")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("key_padding_mask=other")));  // another dtype, device, or grad
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("attn_mask=other")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("attn_mask=bool4d")));  // torch's error
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("kdim=1")));  // no sizes (profiles from before them)
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("kdim=1,kdim_size=64,vdim_size=64")));  // self-attention with kdim
   EXPECT_FALSE(key_of("[200,256,1024]", flags("bias_kv=1")));
+  EXPECT_FALSE(key_of("[200,256,1024]", flags("average=2")));
   EXPECT_FALSE(key_of("[256,1024]", flags()));              // unbatched
   EXPECT_FALSE(key_of("[200,256,512]", flags()));           // the query's width is not embed
   EXPECT_FALSE(key_of("[200,256,1024]", flags("heads=5")));  // 1024 heads of 5 do not divide
@@ -105,6 +150,23 @@ TEST(AttentionKey, TextRoundTripsAndOnlyTheCanonicalSpellingParses) {
   EXPECT_FALSE(parse_key("B=02,L=4,S=4,E=8,H=2,batch_first=1,causal=0,inputs=self,bias=1,dropout=0"));
   EXPECT_FALSE(parse_key("rows=1024,D=256,affine=1"));  // LayerNorm's
   EXPECT_FALSE(parse_key(""));
+  // The optional parts: only what is not the default, in the order text() writes them.
+  const std::string full = "B=2,L=4,S=5,E=8,H=2,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0,"
+                           "key_padding_mask=bool,attn_mask=float3d,weights=mean,kdim=6,vdim=3";
+  ASSERT_TRUE(parse_key(full));
+  EXPECT_EQ(parse_key(full)->text(), full);
+  EXPECT_EQ(parse_key(full)->kdim, 6);
+  const std::string base = "B=2,L=4,S=5,E=8,H=2,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0";
+  EXPECT_FALSE(parse_key(base + ",attn_mask=float3d,key_padding_mask=bool"));  // order
+  EXPECT_FALSE(parse_key(base + ",key_padding_mask=none"));
+  EXPECT_FALSE(parse_key(base + ",attn_mask=float4d"));
+  EXPECT_FALSE(parse_key(base + ",weights=0"));
+  EXPECT_FALSE(parse_key(base + ",kdim=6"));                                             // vdim missing
+  EXPECT_FALSE(parse_key(base + ",kdim=0,vdim=0"));                                      // the default written
+  EXPECT_FALSE(parse_key("B=2,L=4,S=4,E=8,H=2,batch_first=1,causal=1,inputs=self,bias=1,dropout=0,"
+                         "attn_mask=bool2d"));  // a causal key applies no mask
+  EXPECT_FALSE(parse_key("B=2,L=4,S=4,E=8,H=2,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,"
+                         "kdim=6,vdim=6"));  // kdim is never self-attention
 }
 
 TEST(AttentionFamily, DescribesOnePassWithACoreAVariant) {
@@ -135,6 +197,9 @@ TEST(AttentionFamily, LabelsReadAtAGlance) {
   EXPECT_EQ(kFamily.key_label("B=8,L=100,S=300,E=512,H=8,batch_first=0,causal=1,inputs=kv,bias=0,dropout=1"),
             "8 x 100 (kv 300), 512/8 cross causal seq-first no-bias dropout");
   EXPECT_EQ(kFamily.key_label("not a key"), "not a key");
+  EXPECT_EQ(kFamily.key_label("B=8,L=100,S=300,E=512,H=8,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0,"
+                              "key_padding_mask=bool,attn_mask=float2d,weights=per_head,kdim=64,vdim=32"),
+            "8 x 100 (kv 300), 512/8 q,k,v kdim 64/vdim 32 pad(bool) mask(float2d) weights(per_head)");
 }
 
 TEST(AttentionFamily, PackedKeysAgreeWithTheOpsAndTellEverySettingApart) {
@@ -152,6 +217,27 @@ TEST(AttentionFamily, PackedKeysAgreeWithTheOpsAndTellEverySettingApart) {
         EXPECT_TRUE(seen.insert(pack(2, 4, 4, 8, 2, d, bits & 1, bits & 2, in, bits & 4, bits & 8)).second);
   EXPECT_NE(pack(2, 4, 6, 8, 2, DType::kFloat32, true, false, Inputs::kSelf, true, false),
             pack(2, 6, 4, 8, 2, DType::kFloat32, true, false, Inputs::kSelf, true, false));
+  // Every mask kind, weights and kdim/vdim: apart from each other and from the keys above (whose
+  // packing, with none of them, is what it was before they were keys).
+  for (int padding = 0; padding < 3; ++padding)
+    for (int mask = 0; mask < 5; ++mask)
+      for (int weights = 0; weights < 3; ++weights)
+        for (const auto& [kdim, vdim] : {std::pair<int64_t, int64_t>{0, 0}, {6, 8}, {8, 6}, {kMaxKvDim, 1}}) {
+          if (padding + mask + weights + kdim == 0) continue;
+          EXPECT_TRUE(seen.insert(pack(2, 4, 4, 8, 2, DType::kFloat32, true, false, Inputs::kSeparate, true, false,
+                                       static_cast<PaddingMask>(padding), static_cast<AttnMask>(mask),
+                                       static_cast<Weights>(weights), kdim, vdim))
+                          .second);
+        }
+  const std::string masked = "B=200,L=256,S=256,E=1024,H=16,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,"
+                             "key_padding_mask=float,attn_mask=bool2d,weights=mean";
+  EXPECT_EQ(kFamily.pack_key(masked, "float16").value(),
+            pack(200, 256, 256, 1024, 16, DType::kFloat16, true, false, Inputs::kSelf, true, false,
+                 PaddingMask::kFloat, AttnMask::kBool2d, Weights::kMean));
+  const std::string kdim = "B=2,L=4,S=5,E=8,H=2,batch_first=0,causal=0,inputs=kv,bias=0,dropout=1,kdim=6,vdim=6";
+  EXPECT_EQ(kFamily.pack_key(kdim, "float32").value(),
+            pack(2, 4, 5, 8, 2, DType::kFloat32, false, false, Inputs::kSharedKv, false, true, PaddingMask::kNone,
+                 AttnMask::kNone, Weights::kNone, 6, 6));
 }
 
 TEST(AttentionDispatch, ATablesAttentionWinnersAreFoundByTheOpsPackedKey) {

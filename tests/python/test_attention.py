@@ -3,7 +3,8 @@
 On the CPU (CI): in float64 through torch's math core, outputs and every gradient equal torch's
 module to rounding for self-, encoder-decoder (key is value) and cross-attention, batch_first both
 ways, with and without bias, the causal hint; every case the op does not take runs torch's path and
-counts its reason. On the GPU: every core (torch's pick, flash, efficient, cuDNN, math) that says it
+counts its reason. Masks, need_weights=True, kdim/vdim and the Transformer layers:
+tests/python/test_attention_masks.py. On the GPU: every core (torch's pick, flash, efficient, cuDNN, math) that says it
 takes an input, over head sizes, lengths and batch shapes, fp32/bf16/fp16, against float64.
 """
 import itertools
@@ -197,35 +198,36 @@ def test_cpu_no_grad_builds_no_graph():
 
 
 @pytest.mark.parametrize("case,why", [
-    ("need_weights", "need_weights=True"),
-    ("key_padding_mask", "key_padding_mask"),
-    ("attn_mask", "attn_mask"),
-    ("add_bias_kv", "add_bias_kv/add_zero_attn"),
-    ("kdim", "kdim/vdim"),
+    ("add_bias_kv", "module settings the op does not take"),
+    ("add_zero_attn", "module settings the op does not take"),
     ("unbatched", "unbatched input"),
+    ("mask_grad", "mask requires grad"),
+    ("mask_dtype", "mask the op does not take"),
+    ("padding_dtype", "mask the op does not take"),
 ])
 def test_what_the_op_does_not_take_runs_torch_with_its_reason(case, why):
+    """(Masks, need_weights and kdim/vdim run hfnn's op: tests/python/test_attention_masks.py.)"""
     embed, heads = 8, 2
-    kwargs = {"add_bias_kv": True} if case == "add_bias_kv" else {"kdim": 6, "vdim": 6} if case == "kdim" else {}
+    kwargs = {"add_bias_kv": True} if case == "add_bias_kv" else {"add_zero_attn": True} if case == "add_zero_attn" else {}
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(embed, heads, batch_first=True, dtype=torch.float64, **kwargs)
     ours = hfnn.nn.MultiheadAttention(embed, heads, batch_first=True, dtype=torch.float64, **kwargs)
     ours.load_state_dict(ref.state_dict())
     q = torch.randn(2, 5, embed, dtype=torch.float64) if case != "unbatched" else torch.randn(5, embed, dtype=torch.float64)
-    kv = torch.randn(2, 5, 6, dtype=torch.float64) if case == "kdim" else q
-    call = {"need_weights": case == "need_weights"}
-    if case == "key_padding_mask":
-        call["key_padding_mask"] = torch.zeros(2, 5, dtype=torch.bool)
-    if case == "attn_mask":
-        call["attn_mask"] = torch.zeros(5, 5, dtype=torch.bool)
+    call = {"need_weights": False}
+    if case == "mask_grad":
+        call["attn_mask"] = torch.zeros(5, 5, dtype=torch.float64, requires_grad=True)
+    if case == "mask_dtype":
+        call["attn_mask"] = torch.zeros(5, 5, dtype=torch.float32)  # torch's SDPA takes a float32 mask here
+    if case == "padding_dtype":
+        call["key_padding_mask"] = torch.zeros(2, 5, dtype=torch.float32)
     before_calls, before = hfnn.nn.attention_calls["hfnn"], hfnn.nn.attention_fallbacks[why]
-    out, weights = ours(q, kv, kv, **call)
-    out_ref, weights_ref = ref(q, kv, kv, **call)
+    out, weights = ours(q, q, q, **call)
+    out_ref, weights_ref = ref(q, q, q, **call)
     assert hfnn.nn.attention_fallbacks[why] == before + 1
     assert hfnn.nn.attention_calls["hfnn"] == before_calls
     torch.testing.assert_close(out, out_ref)
-    if weights_ref is not None:
-        torch.testing.assert_close(weights, weights_ref)
+    assert weights is None and weights_ref is None
 
 
 def test_to_hfnn_swaps_attention_and_back():
@@ -348,21 +350,30 @@ def test_gpu_batch_shapes_every_core_bf16(batch, heads, head_dim, length):
 
 
 @requires_gpu
-@pytest.mark.parametrize("core", ["sdpa_flash", "sdpa_efficient"])
-def test_gpu_dropout_backward_uses_the_forwards_mask(core):
+@pytest.mark.parametrize("core,masked", [("sdpa_flash", False), ("sdpa_efficient", False), ("sdpa_efficient", True)])
+def test_gpu_dropout_backward_uses_the_forwards_mask(core, masked):
     """With the same seed, the op's core draws the same dropout mask as torch's module running the
-    same SDPA kernel: outputs and every gradient agree, so the backward used the forward's mask."""
+    same SDPA kernel: outputs and every gradient agree, so the backward used the forward's mask.
+    `masked`: with a padding mask and a float attention mask, of a length that is no multiple of 16
+    (the efficient core reads the mask padded, as torch's SDPA hands it over), likewise."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[core]
     ref, ours = pair(128, 2, True, dtype=torch.bfloat16, device="cuda", dropout=0.3)
-    x = torch.randn(4, 96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    length = 50 if masked else 96
+    x = torch.randn(4, length, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    masks = {}
+    if masked:
+        masks["key_padding_mask"] = torch.arange(length, device="cuda") >= torch.tensor([[50], [41], [7], [33]],
+                                                                                          device="cuda")
+        masks["attn_mask"] = 0.5 * torch.randn(length, length, device="cuda", dtype=torch.bfloat16)
     grad = torch.randn_like(x)
     torch.manual_seed(7)
     with sdpa_kernel(backend):
-        out_ref, _, grads_ref = run(ref, x, x, x, grad, need_weights=False)
+        out_ref, _, grads_ref = run(ref, x, x, x, grad, need_weights=False, **masks)
     torch.manual_seed(7)
     out = torch.ops.hfnn.multi_head_attention(x, x, x, 2, ours.in_proj_weight, ours.in_proj_bias, ours.out_proj.weight,
-                                              ours.out_proj.bias, True, False, 0.3, core)
+                                              ours.out_proj.bias, True, False, 0.3, core,
+                                              masks.get("key_padding_mask"), masks.get("attn_mask"))
     grads = torch.autograd.grad(out, [x] + list(ours.parameters()), grad)
     assert rel(out, out_ref) < 2e-2
     for g, g_ref in zip(grads, grads_ref):

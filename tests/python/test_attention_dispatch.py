@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,10 @@ HFNN = shutil.which("hfnn")
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = SCRIPTS / "mha_train.py"
 pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
-# Per step, mha_train.py makes 2 causal self-attention calls and 1 cross-attention call the op takes,
-# 1 with need_weights=True and 1 with a padding mask.
-TAKEN, STEPS = 3, 3
+# Per step, mha_train.py makes 2 causal self-attention calls, 1 cross-attention call, 1 with
+# need_weights=True and 1 with a padding mask, which the op takes, and 1 with add_bias_kv, which it does not.
+TAKEN, STEPS = 5, 3
+SETTINGS = "module settings the op does not take"
 
 
 def run(*args, timeout=240, **env):
@@ -78,14 +80,19 @@ def test_tune_lists_attention_keys_with_their_settings(cpu_db):
     keys = sqlite3.connect(cpu_db).execute(
         "SELECT key, dtype, pass, winner FROM tune_winners WHERE op = 'multihead_attention' ORDER BY key").fetchall()
     assert keys == [
+        ("B=4,L=16,S=16,E=32,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,key_padding_mask=bool",
+         "float32", "train", "sdpa_efficient"),
+        ("B=4,L=16,S=16,E=32,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,weights=mean", "float32",
+         "train", "sdpa_efficient"),
         ("B=4,L=16,S=16,E=32,H=4,batch_first=1,causal=1,inputs=self,bias=1,dropout=0", "float32", "train",
          "sdpa_efficient"),
         ("B=4,L=16,S=24,E=32,H=4,batch_first=0,causal=0,inputs=kv,bias=1,dropout=0", "float32", "train",
          "sdpa_efficient"),
-    ]  # need_weights=True and the padding mask have no key
+    ]  # add_bias_kv has no key; the padding mask and need_weights=True are keys of their own
     out = run(HFNN, "tune", "--dry-run", "--force", "--db", str(cpu_db))
     assert out.returncode == 0, out.stderr
-    assert "2 MultiheadAttention key(s)" in out.stdout and "4 x 16 (kv 24), 32/4 cross seq-first" in out.stdout
+    assert "4 MultiheadAttention key(s)" in out.stdout and "4 x 16 (kv 24), 32/4 cross seq-first" in out.stdout
+    assert "4 x 16, 32/4 pad(bool)" in out.stdout and "4 x 16, 32/4 weights(mean)" in out.stdout
     assert "no variants for multihead_attention" not in out.stdout
     report = run(HFNN, "report", "--db", str(cpu_db))
     assert report.returncode == 0, report.stderr
@@ -106,11 +113,10 @@ def test_dispatch_counts_every_attention_call_and_changes_nothing_on_the_cpu(cpu
     assert tuned["wrapped"] and not plain["wrapped"]
     assert tuned["losses"] == plain["losses"]  # torch's module ran every call
     m = mha(tuned["stats"])
-    assert m["keys"] == 2
-    assert m["calls"]["train"] == {"torch": (TAKEN + 2) * STEPS}
-    assert m["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS, "need_weights=True": STEPS,
-                                       "attention mask": STEPS}
-    assert "MultiheadAttention forward + backward: 15 calls" in err and "torch because CPU tensor: 9" in err
+    assert m["keys"] == 4
+    assert m["calls"]["train"] == {"torch": (TAKEN + 1) * STEPS}
+    assert m["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS, SETTINGS: STEPS}
+    assert "MultiheadAttention forward + backward: 18 calls" in err and "torch because CPU tensor: 15" in err
 
 
 def test_hfnn_modules_keep_their_op_under_dispatch(cpu_db):
@@ -119,13 +125,14 @@ def test_hfnn_modules_keep_their_op_under_dispatch(cpu_db):
     assert tuned["hfnn_calls"] == plain["hfnn_calls"] == {"hfnn": TAKEN * STEPS}
     assert tuned["losses"] == plain["losses"]
     # hfnn's module asks the table for every call (a CPU call: counted, then torch's pick of core in
-    # hfnn's op; need_weights and the padding mask: counted with their reasons, as plain modules'
-    # are), and its fall-backs reach torch's own forward, not the wrapper (no call counted twice).
+    # hfnn's op; add_bias_kv: counted with its reason, as plain modules' are), and its fall-backs
+    # reach torch's own forward, not the wrapper (no call counted twice).
     m = mha(tuned["stats"])
-    assert m["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS, "need_weights=True": STEPS,
-                                       "attention mask": STEPS}
-    assert m["calls"]["train"] == {"torch": (TAKEN + 2) * STEPS}
-    assert tuned["hfnn_fallbacks"] == plain["hfnn_fallbacks"]  # hfnn.nn.attention_fallbacks: the same either way
+    assert m["fallbacks"]["train"] == {"CPU tensor": TAKEN * STEPS, SETTINGS: STEPS}
+    assert m["calls"]["train"] == {"torch": (TAKEN + 1) * STEPS}
+    # hfnn.nn.attention_fallbacks: the same either way, with dispatch_stats()'s reasons.
+    assert tuned["hfnn_fallbacks"] == plain["hfnn_fallbacks"] == {SETTINGS: STEPS}
+    assert not mha(plain["stats"])["calls"]["train"]  # without a table nothing is counted there
 
 
 def test_a_table_without_attention_keys_leaves_the_module_alone(tmp_path):
@@ -145,19 +152,47 @@ def test_the_dispatch_op_names_every_reason(cpu_db):
     route = torch.ops.hfnn.multi_head_attention_dispatch
     args = (x, x, x, 2, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, True)
     torch.ops.hfnn.dispatch_reset_counts()
-    assert route(*args, False, 0.0, True, None, None, False, False) is None
-    assert route(*args, False, 0.0, False, torch.zeros(2, 3, dtype=torch.bool), None, False, False) is None
-    assert route(*args, False, 0.0, False, None, torch.zeros(3, 3), False, False) is None
-    assert route(*args, False, 0.0, False, None, None, True, False) is None
-    assert route(x, x, x, 2, None, None, m.out_proj.weight, m.out_proj.bias, True, False, 0.0, False, None, None,
-                 False, False) is None
-    assert route(x[0], x[0], x[0], 2, *args[4:], False, 0.0, False, None, None, False, False) is None
-    assert route(*args, False, 0.0, False, None, None, False, False) is None  # CPU: torch's module
-    y = route(*args, False, 0.0, False, None, None, False, True)  # hfnn's module: the op with torch's pick
+
+    def torch_runs(*a, **kw):
+        out, weights, why = route(*a, **kw)
+        assert out is None and weights is None and why
+        return why
+
+    assert torch_runs(*args, False, 0.0, False, None, torch.zeros(3, 3, dtype=torch.float64), False, False) == \
+        "mask the op does not take"  # a float mask of another dtype
+    assert torch_runs(*args, False, 0.0, False, None, torch.zeros(4, 3, dtype=torch.bool), False, False) == \
+        "mask the op does not take"  # torch's module raises its error for it
+    assert torch_runs(*args, True, 0.0, False, None, None, False, False) == "mask the op does not take"  # likewise
+    assert torch_runs(*args, False, 0.0, False, None, torch.zeros(3, 3, requires_grad=True), False, False) == \
+        "mask requires grad"
+    assert torch_runs(*args, False, 0.0, False, None, None, True, False) == "module settings the op does not take"
+    assert torch_runs(x, x, x, 2, None, None, m.out_proj.weight, m.out_proj.bias, True, False, 0.0, False, None,
+                      None, False, False) == "input no variant takes"  # no projection weights
+    assert torch_runs(x[0], x[0], x[0], 2, *args[4:], False, 0.0, False, None, None, False, False) == "unbatched input"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(2, 8)])
+    assert torch_runs(nested, nested, nested, 2, *args[4:], False, 0.0, False, None, None, False, False) == \
+        "nested tensor"
+    assert torch_runs(*args, False, 0.0, False, None, None, False, False) == "CPU tensor"  # CPU: torch's module
+    # hfnn's module: the op with torch's pick, weights too; its invalid masks raise torch's message.
+    y, w, why = route(*args, False, 0.0, False, None, None, False, True)
     torch.testing.assert_close(y, m(x, x, x, need_weights=False)[0])
+    assert w is None and why == ""
+    y, w, _ = route(*args, False, 0.0, True, None, None, False, True, False)
+    y_ref, w_ref = m(x, x, x, average_attn_weights=False)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(w, w_ref)
+    with pytest.raises(RuntimeError, match=r"The shape of the 2D attn_mask is torch.Size\(\[4, 3\]\)"):
+        route(*args, False, 0.0, False, None, torch.zeros(4, 3, dtype=torch.bool), False, True)
+    # count=False (hfnn's module without a table): nothing counted, the reason returned.
+    assert torch_runs(*args, False, 0.0, False, None, None, True, True, count=False) == \
+        "module settings the op does not take"
+    assert route(*args, False, 0.0, False, None, None, False, True, count=False)[0] is not None
     fallbacks = mha(hfnn.dispatch_stats())["fallbacks"]["train"]
-    assert fallbacks == {"need_weights=True": 1, "attention mask": 2, "module settings the op does not take": 2,
-                         "input no variant takes": 1, "CPU tensor": 2}
+    assert fallbacks == {"mask the op does not take": 3, "mask requires grad": 1,
+                         "module settings the op does not take": 1, "input no variant takes": 1,
+                         "unbatched input": 1, "nested tensor": 1, "CPU tensor": 3}
 
 
 # ---- on a GPU -----------------------------------------------------------------------------------------
@@ -167,6 +202,14 @@ def test_the_dispatch_op_names_every_reason(cpu_db):
     "B=4,L=64,S=64,E=128,H=4,batch_first=1,causal=1,inputs=self,bias=1,dropout=0",
     "B=3,L=40,S=72,E=96,H=3,batch_first=0,causal=0,inputs=kv,bias=0,dropout=0",
     "B=2,L=33,S=17,E=64,H=8,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=1",
+    "B=4,L=64,S=64,E=128,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,key_padding_mask=bool",
+    "B=3,L=40,S=72,E=128,H=2,batch_first=0,causal=0,inputs=kv,bias=1,dropout=1,key_padding_mask=float,"
+    "attn_mask=bool3d",
+    "B=2,L=33,S=17,E=64,H=4,batch_first=1,causal=0,inputs=qkv,bias=0,dropout=0,attn_mask=float2d",
+    "B=4,L=32,S=32,E=128,H=4,batch_first=1,causal=0,inputs=self,bias=1,dropout=0,attn_mask=bool2d,weights=mean",
+    "B=2,L=24,S=40,E=64,H=2,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0,weights=per_head",
+    "B=3,L=48,S=56,E=128,H=4,batch_first=1,causal=0,inputs=qkv,bias=1,dropout=0,key_padding_mask=bool,"
+    "kdim=96,vdim=64",
 ])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_measure_times_every_core_and_the_gate_rejects_the_planted_one(key, dtype):
@@ -183,7 +226,12 @@ def test_measure_times_every_core_and_the_gate_rejects_the_planted_one(key, dtyp
         assert c["pass"] == "train"
     torch_err = by["torch"]["max_error"]
     cores = [n for n in by if n.startswith("sdpa_")]
-    assert "sdpa_math" in cores and len(cores) >= 2, cores  # math takes everything; a fused core takes these
+    if "weights=" in key:
+        assert cores == ["sdpa_math"], cores  # only the math composite returns the weights
+    else:  # math takes everything; a fused core takes these (efficient where a mask applies)
+        assert "sdpa_math" in cores and len(cores) >= 2, cores
+    if "mask=" in key:
+        assert "sdpa_flash" not in cores and "sdpa_cudnn" not in cores, cores
     for n in cores + ["torch"]:
         assert by[n]["max_error"] <= max(tol, 2 * torch_err), (n, by[n]["max_error"])
     assert by["planted_wrong"]["max_error"] > max(tol, 2 * torch_err)  # what the tuner's gate rejects
@@ -195,8 +243,10 @@ def test_dispatch_runs_the_stored_core_on_the_gpu(tmp_path):
     plain, _ = train("cuda")
     tuned, _ = train("cuda", db)
     m = mha(tuned["stats"])
-    assert m["calls"]["train"] == {"sdpa_efficient": TAKEN * STEPS, "torch": 2 * STEPS}
-    assert m["fallbacks"]["train"] == {"need_weights=True": STEPS, "attention mask": STEPS}
+    # The stand-in worker made sdpa_efficient the winner of every key, the need_weights key's too,
+    # which that core refuses (only the math composite returns the weights): torch's module runs it.
+    assert m["calls"]["train"] == {"sdpa_efficient": (TAKEN - 1) * STEPS, "torch": 2 * STEPS}
+    assert m["fallbacks"]["train"] == {"winner refused the input": STEPS, SETTINGS: STEPS}
     for a, b in zip(tuned["losses"], plain["losses"]):
         assert abs(a - b) <= 1e-4 * abs(b), (tuned["losses"], plain["losses"])
     torch_won = fake_tune(profile(tmp_path / "torch.db", "cuda"), "torch", gpu=True)
@@ -215,18 +265,18 @@ def test_profile_tune_dispatch_end_to_end_on_the_gpu(tmp_path):
     assert out.returncode == 0, out.stderr
     con = sqlite3.connect(db)
     winners = dict(con.execute("SELECT key, winner FROM tune_winners WHERE op = 'multihead_attention'").fetchall())
-    assert len(winners) == 2 and "planted_wrong" not in winners.values()
+    assert len(winners) == 4 and "planted_wrong" not in winners.values()
     assert con.execute("SELECT count(*) FROM tune_results WHERE candidate = 'planted_wrong' AND accepted = 1"
                        ).fetchone() == (0,)
     plain, _ = train("cuda")
     tuned, _ = train("cuda", db)
     calls = mha(tuned["stats"])["calls"]["train"]
-    # Per step the causal key runs twice, the cross key once; the other two calls are torch's.
+    # Per step the causal key runs twice, the other keys once; the add_bias_kv call is torch's.
     expected = {}
     for key, winner in winners.items():
         n = (2 if "causal=1" in key else 1) * STEPS
         expected[winner] = expected.get(winner, 0) + n
-    expected["torch"] = expected.get("torch", 0) + 2 * STEPS
+    expected["torch"] = expected.get("torch", 0) + STEPS
     assert calls == expected, (calls, winners)
     for a, b in zip(tuned["losses"], plain["losses"]):
         assert abs(a - b) <= 1e-4 * abs(b), (tuned["losses"], plain["losses"])

@@ -1,7 +1,8 @@
 """A tiny Transformer training loop for the attention dispatch tests: per step, two causal
 self-attention blocks (nn.MultiheadAttention, batch_first, the mask with the causal hint, as
-examples/transformer.py calls it), one cross-attention call (key is value, sequence-first), and
-one call hfnn's op does not take (need_weights=True, the default), and one with a padding mask.
+examples/transformer.py calls it), one cross-attention call (key is value, sequence-first), one
+call with need_weights=True (the default), one with a padding mask, and one call hfnn's op does
+not take (a module with add_bias_kv).
 
     python3 mha_train.py DEVICE STEPS [to_hfnn]
 
@@ -28,6 +29,7 @@ class Model(nn.Module):
         self.att = nn.ModuleList(nn.MultiheadAttention(E, H, batch_first=True) for _ in range(2))
         self.cross = nn.MultiheadAttention(E, H)  # sequence-first
         self.other = nn.MultiheadAttention(E, H, batch_first=True)
+        self.bias_kv = nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=True)
         self.head = nn.Linear(E, 8)
 
     def forward(self, x, memory):
@@ -36,10 +38,11 @@ class Model(nn.Module):
             x = x + att(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]
         mem = memory.transpose(0, 1)
         x = x + self.cross(x.transpose(0, 1), mem, mem, need_weights=False)[0].transpose(0, 1)
-        x = x + self.other(x, x, x)[0]  # need_weights=True: torch's module
+        x = x + self.other(x, x, x)[0]  # need_weights=True
         pad = torch.zeros(B, L, dtype=torch.bool, device=x.device)
         pad[:, -1] = True
         x = x + self.other(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        x = x + self.bias_kv(x, x, x, need_weights=False)[0]  # torch's module
         return self.head(x)
 
 
