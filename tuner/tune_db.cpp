@@ -136,9 +136,12 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     const int64_t op_fwd_calls = fwd_calls_of_op[k.op];
     k.run_pct = op_fwd_calls > 0 ? 100.0 * k.fwd_calls / op_fwd_calls : 0.0;
     // The basis of basis_ms(), over every recorded step: the plain step stands for each of them.
-    const double basis_total_ms = r.on_plain()       ? r.plain_step_ms * static_cast<double>(step_rows)
-                                  : r.on_gpu_busy() ? busy_total_ms
-                                                    : wall_total_ms;
+    // CPU times (no CUDA activity) were measured under the profiler, which stretches them as it
+    // stretches the step: their share is of the recorded steps' wall time, not of the plain step's.
+    const double basis_total_ms = r.time_basis == "cpu" ? wall_total_ms
+                                  : r.on_plain()       ? r.plain_step_ms * static_cast<double>(step_rows)
+                                  : r.on_gpu_busy()    ? busy_total_ms
+                                                       : wall_total_ms;
     k.share_pct = basis_total_ms > 0 ? 100.0 * k.time_us / 1e3 / basis_total_ms : 0.0;
     r.keys.push_back(k);
   }

@@ -43,10 +43,10 @@ def _meta() -> dict:
 
 
 def _compute_dtype(torch, t):
-    """The dtype an op computes `t` in: autocast's where autocast is on for its device (as hfnn's
-    attention op casts once), else its own."""
+    """The dtype an op computes `t` in: autocast's where autocast is on for its device and casts it
+    (floating, not float64: autocast's own rule; hfnn's attention op casts once), else its own."""
     try:
-        if t.is_floating_point() and torch.is_autocast_enabled(t.device.type):
+        if t.is_floating_point() and t.dtype != torch.float64 and torch.is_autocast_enabled(t.device.type):
             return torch.get_autocast_dtype(t.device.type)
     except (AttributeError, TypeError, RuntimeError):  # a device type autocast does not know
         pass
