@@ -426,14 +426,12 @@ std::optional<Advice> sdpa_backend(const RunFacts& f) {
                            "the {:.2f} ms the ops account for",
                            in_use, 100 * share, ms(f.per_step(f.cuda_self_total_us)));
   a.saving_note = "not estimated: hfnn tune measures each core on each key";
-  if (keys.empty()) {
+  if (f.tune && keys.empty()) {
     a.action = "hfnn tune times the cores on nn.MultiheadAttention calls, and this run has none: time your attention "
                "shapes under torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION, EFFICIENT_ATTENTION, "
                "CUDNN_ATTENTION or MATH) and keep the fastest";
     return a;
   }
-  std::string keys_shown;
-  for (const auto* k : keys) keys_shown += fmt::format("{}{}", keys_shown.empty() ? "" : ", ", k->label);
   // Tuned on this GPU: which keys another core won (torch's module runs torch's own pick, the core in use).
   std::vector<std::string> faster;
   int tuned = 0;
@@ -445,8 +443,8 @@ std::optional<Advice> sdpa_backend(const RunFacts& f) {
         faster.push_back(fmt::format("{} {}", k->label, w));
   }
   const std::string tune_cmd = fmt::format("hfnn tune --db {}", f.db_path);
-  a.evidence += fmt::format("; the run's attention keys: {}", keys_text(keys, basis_words(*f.tune)));
-  if (tuned == 0) {
+  if (f.tune) a.evidence += fmt::format("; the run's attention keys: {}", keys_text(keys, basis_words(*f.tune)));
+  if (tuned == 0) {  // (or what hfnn tune knows was not given)
     a.action = fmt::format("Run `{}`: it times every core (flash, memory-efficient, cuDNN, math) and torch's module on "
                            "each of these keys and keeps the fastest, which HFNN_DISPATCH_DB={} then runs",
                            tune_cmd, f.db_path);
