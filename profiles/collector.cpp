@@ -210,6 +210,9 @@ std::optional<ShapeKey> gemm_shape(const at::RecordFunction& fn, std::string_vie
   if (!a.defined() || !b.defined() || a.is_nested() || b.is_nested() || a.dim() != b.dim() || a.dim() < 2 ||
       a.dim() > 3)
     return std::nullopt;
+  // Symbolic sizes (torch.compile tracing with dynamic shapes) have no numbers to record.
+  if (a.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || b.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return std::nullopt;
   ShapeKey key;
   key.op = kGemmShapeOp;
   key.shape = fmt::format("[{},{},{}]", a.size(-2), b.size(-1), a.size(-1));
@@ -230,7 +233,9 @@ std::optional<ShapeKey> host_copy_shape(const at::RecordFunction& fn, bool backw
   if (inputs.size() < 2 || !inputs[0].isTensor() || !inputs[1].isTensor()) return std::nullopt;
   const at::Tensor& dst = inputs[0].toTensor();
   const at::Tensor& src = inputs[1].toTensor();
-  if (!dst.defined() || !src.defined() || !dst.is_cpu() || !src.is_cuda() || src.is_nested()) return std::nullopt;
+  if (!dst.defined() || !src.defined() || !dst.is_cpu() || !src.is_cuda() || src.is_nested() ||
+      src.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return std::nullopt;
   ShapeKey key;
   key.op = kHostCopyShapeOp;
   key.shape = sizes_string(src.sizes());
