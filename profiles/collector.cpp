@@ -1,9 +1,11 @@
 #include "profiles/collector.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/library.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include "profiles/advice.h"
 
 #define HFNN_GPU_ACTIVITY (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
 #if HFNN_GPU_ACTIVITY
@@ -53,14 +57,25 @@ int64_t now_ns() {
 // recorded in the dtype it computes in (autocast's under autocast: lstm_compute_dtype).
 // nn.MultiheadAttention is no single op: the start-up hook wraps its forward in a record_function
 // scope named "hfnn.shape|<op>|<shape>|<dtype>|<settings>" (kScope).
-enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope };
+// Two more are recorded for the report's advice only, never tuned (profiles/advice.h,
+// kAdviceShapeOps): GEMMs (kGemm: M, N, K, dtype, TF32 allowed) and copies from a CUDA tensor into a
+// CPU one (kCopy: the host waits for the GPU).
+enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope, kGemm, kCopy };
 constexpr std::string_view kShapeScope = "hfnn.shape|";
+
+// The GEMM ops, and where their first matrix operand is: mm(a, b), bmm(a, b), addmm(c, a, b),
+// baddbmm(c, a, b), _addmm_activation(c, a, b). aten::linear and aten::matmul reach one of them.
+constexpr std::pair<std::string_view, size_t> kGemmOps[] = {
+    {"aten::mm", 0}, {"aten::addmm", 1}, {"aten::bmm", 0}, {"aten::baddbmm", 1}, {"aten::_addmm_activation", 1}};
 
 Tunable tunable(std::string_view name) {
   if (name == "aten::native_layer_norm" || name == "hfnn::layer_norm") return Tunable::kLayerNormFwd;
   if (name == "aten::native_layer_norm_backward" || name == "hfnn::layer_norm_bwd") return Tunable::kLayerNormBwd;
   if (name == "aten::lstm") return Tunable::kLstm;
   if (name.rfind(kShapeScope, 0) == 0) return Tunable::kScope;
+  if (name == "aten::copy_") return Tunable::kCopy;
+  for (const auto& [gemm, at] : kGemmOps)
+    if (name == gemm) return Tunable::kGemm;
   return Tunable::kNone;
 }
 
@@ -161,6 +176,72 @@ std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
   } else {
     key.flags = "packed";
   }
+  return key;
+}
+
+// Whether cuBLAS may run a float32 GEMM in TF32 now (torch.backends.cuda.matmul.fp32_precision =
+// "tf32", or allow_tf32 = True, or float32_matmul_precision "high"/"medium"): what it reads when it
+// runs one. torch 2.11's legacy getter throws where a script mixed the two APIs; this one does not.
+bool tf32_allowed() {
+  try {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+    return !at::NoTF32Guard::should_disable_tf32() &&
+           at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+               at::Float32Precision::TF32;
+#else
+    return !at::NoTF32Guard::should_disable_tf32() && at::globalContext().allowTF32CuBLAS();
+#endif
+  } catch (const c10::Error&) {  // never throw from an observer
+    return false;
+  }
+}
+
+// A GEMM as "[M,N,K]" (a [M,K] times b [K,N], batched: [B,M,K] times [B,K,N]) in the first
+// operand's dtype, phase by where it ran, flags "op=addmm", ",batch=B" where batched and, in
+// float32, ",tf32=0|1". Shapes only: no tensor is read.
+std::optional<ShapeKey> gemm_shape(const at::RecordFunction& fn, std::string_view name, bool backward) {
+  size_t a_at = 0;
+  for (const auto& [gemm, at] : kGemmOps)
+    if (name == gemm) a_at = at;
+  const auto inputs = fn.inputs();
+  if (inputs.size() < a_at + 2 || !inputs[a_at].isTensor() || !inputs[a_at + 1].isTensor()) return std::nullopt;
+  const at::Tensor& a = inputs[a_at].toTensor();
+  const at::Tensor& b = inputs[a_at + 1].toTensor();
+  if (!a.defined() || !b.defined() || a.is_nested() || b.is_nested() || a.dim() != b.dim() || a.dim() < 2 ||
+      a.dim() > 3)
+    return std::nullopt;
+  // Symbolic sizes (torch.compile tracing with dynamic shapes) have no numbers to record.
+  if (a.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || b.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return std::nullopt;
+  ShapeKey key;
+  key.op = kGemmShapeOp;
+  key.shape = fmt::format("[{},{},{}]", a.size(-2), b.size(-1), a.size(-1));
+  key.dtype = dtype_name(a.scalar_type());
+  key.phase = backward ? "bwd" : "fwd";
+  key.flags = fmt::format("op={}{}{}", name.substr(name.find("::") + 2),
+                          a.dim() == 3 ? fmt::format(",batch={}", a.size(0)) : std::string(),
+                          a.scalar_type() == c10::kFloat ? (tf32_allowed() ? ",tf32=1" : ",tf32=0") : "");
+  return key;
+}
+
+// aten::copy_(self, src, non_blocking) from a CUDA tensor into a CPU one, which .cpu(), .tolist(),
+// .numpy() after .cpu() and printing a CUDA tensor run: "[sizes]" of the source, its dtype, flags
+// "non_blocking=0|1" (0: the host waits for the GPU to finish everything queued before the copy).
+// Every other copy_ (casts, device-to-device, host-to-device) records nothing.
+std::optional<ShapeKey> host_copy_shape(const at::RecordFunction& fn, bool backward) {
+  const auto inputs = fn.inputs();
+  if (inputs.size() < 2 || !inputs[0].isTensor() || !inputs[1].isTensor()) return std::nullopt;
+  const at::Tensor& dst = inputs[0].toTensor();
+  const at::Tensor& src = inputs[1].toTensor();
+  if (!dst.defined() || !src.defined() || !dst.is_cpu() || !src.is_cuda() || src.is_nested() ||
+      src.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return std::nullopt;
+  ShapeKey key;
+  key.op = kHostCopyShapeOp;
+  key.shape = sizes_string(src.sizes());
+  key.dtype = dtype_name(src.scalar_type());
+  key.phase = backward ? "bwd" : "fwd";
+  key.flags = fmt::format("non_blocking={}", int(inputs.size() > 2 && inputs[2].isBool() && inputs[2].toBool()));
   return key;
 }
 
@@ -384,14 +465,12 @@ void attribute_locked(State& s, bool forced) {
     const int step = inv->second.step;
     if (step >= 0 && step < static_cast<int>(s.step_intervals.size()))
       s.step_intervals[step].emplace_back(static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns));
-    std::unordered_set<const OpTotals*> seen;  // an op nested in itself counts once
-    bool shape_done = false;
+    // An op nested in itself counts once; so does a shape record, and every one around the kernel
+    // gets it (a GEMM's kernel inside an attention call counts for the GEMM and the attention key).
+    std::unordered_set<const OpTotals*> seen;
     for (auto it = inv; it != s.invocations.end(); it = s.invocations.find(it->second.parent)) {
       if (seen.insert(it->second.op).second) it->second.op->cuda_total_ns += ns;
-      if (it->second.shape && !shape_done) {
-        it->second.shape->cuda_total_ns += ns;
-        shape_done = true;
-      }
+      if (it->second.shape && seen.insert(it->second.shape).second) it->second.shape->cuda_total_ns += ns;
       if (it->second.parent == 0) break;
     }
   }
@@ -552,6 +631,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     const Tunable kind = tunable(fn.name());
     if (kind == Tunable::kLstm) f.shape = lstm_shape(fn);
     else if (kind == Tunable::kScope) f.shape = scope_shape(fn.name());
+    else if (kind == Tunable::kGemm) f.shape = gemm_shape(fn, fn.name(), f.backward);
+    else if (kind == Tunable::kCopy) f.shape = host_copy_shape(fn, f.backward);
     else if (kind != Tunable::kNone) f.shape = layer_norm_shape(fn, kind);
     if (f.shape) {  // the innermost record of an op and phase is the one that ran
       for (auto it = t_stack.rbegin(); it != t_stack.rend(); ++it) {

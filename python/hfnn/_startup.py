@@ -6,9 +6,9 @@ With HFNN_DISPATCH_DB it loads the tuned table (hfnn._dispatch.install). With HF
 it starts hfnn's in-process collector (profiles/collector.cpp), passes it what the database
 records about the run, and makes sure the part is written however the script ends: normal exit,
 an exception, Ctrl-C or SIGTERM (each step also rewrites it, so even a crash leaves the steps
-finished before it). Its Python-side labels (the MultiheadAttention and hfnn.nn.LSTM scopes) come
-off at the first step after the recorded ones (after_step), so the plain steps the collector
-times then, and every step after, run as without hfnn.
+finished before it). Its Python-side labels (the MultiheadAttention, hfnn.nn.LSTM and
+synchronize scopes) come off at the first step after the recorded ones (after_step), so the plain
+steps the collector times then, and every step after, run as without hfnn.
 """
 from __future__ import annotations
 
@@ -117,6 +117,29 @@ def _record_attention_shapes(torch):
     return lambda: setattr(nn.MultiheadAttention, "forward", original)
 
 
+def _record_syncs(torch):
+    """Wraps torch.cuda.synchronize, torch.cuda.Stream.synchronize and torch.cuda.Event.synchronize in
+    record_function scopes of those names: the host waits for the GPU in each, and no torch op runs
+    in them, so without the scope the profile would not see them (the advice's host_device_sync
+    counts them). Only in profiled processes."""
+    import functools
+
+    undo = []
+    for owner, attr, label in ((torch.cuda, "synchronize", "torch.cuda.synchronize"),
+                               (torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize"),
+                               (torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")):
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def synchronize(*args, _original=original, _label=label, **kwargs):
+            with torch.autograd.profiler.record_function(_label):
+                return _original(*args, **kwargs)
+
+        setattr(owner, attr, synchronize)
+        undo.append((owner, attr, original))
+    return lambda: [setattr(owner, attr, original) for owner, attr, original in undo]
+
+
 def _install() -> None:
     directory = os.environ["HFNN_PROFILE_DIR"]
     import torch
@@ -134,6 +157,7 @@ def _install() -> None:
         "meta": _meta(),
     }
     _labels.append(_record_attention_shapes(torch))
+    _labels.append(_record_syncs(torch))
     from . import nn as hfnn_nn
 
     hfnn_nn._lstm_profiled = True  # hfnn.nn.LSTM's own path records its shapes (aten::lstm does not run)

@@ -35,12 +35,16 @@ def test_profile_records_steps_ops_and_layer_norm_shapes(tmp_path):
     ((steps_recorded, exit_code, warmup),) = rows(db, "SELECT steps_recorded, exit_code, warmup FROM runs")
     assert (steps_recorded, exit_code, warmup) == (3, 0, 1)
     assert len(rows(db, "SELECT * FROM step_stats WHERE run_id = 1")) == 3
-    shapes = rows(db, "SELECT shape, normalized_shape, dtype, affine, phase, calls FROM shape_stats ORDER BY affine, phase")
+    shapes = rows(db, "SELECT shape, normalized_shape, dtype, affine, phase, calls FROM shape_stats WHERE op = 'layer_norm'"
+                      " ORDER BY affine, phase")
     # Two LayerNorms (with and without affine), forward and backward, 3 recorded steps each.
     assert shapes == [("[16,64]", "[64]", "float32", 0, "bwd", 3), ("[16,64]", "[64]", "float32", 0, "fwd", 3),
                       ("[16,64]", "[64]", "float32", 1, "bwd", 3), ("[16,64]", "[64]", "float32", 1, "fwd", 3)]
     ops = dict(rows(db, "SELECT name || '/' || phase, calls FROM op_stats"))
     assert ops["aten::addmm/fwd"] == 6 and ops["aten::native_layer_norm_backward/bwd"] == 6
+    # Every GEMM's shape too, for the advice (profiles/advice.h): one record per call.
+    assert rows(db, "SELECT sum(calls) FROM shape_stats WHERE op = 'gemm' AND phase = 'fwd' AND flags LIKE 'op=addmm,%'"
+                ) == [(6,)]
     assert all(r[0] >= r[1] >= 0 for r in rows(db, "SELECT cpu_total_us, cpu_self_us FROM op_stats"))
 
 
@@ -443,7 +447,7 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
     assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("5",)]
     assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
-    assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
+    assert rows(db, "SELECT DISTINCT flags FROM shape_stats WHERE op = 'layer_norm'") == [("",)]
     # The first run predates the plain step (NULL: not timed), the second asked for the default 10.
     assert rows(db, "SELECT plain_steps_requested FROM runs ORDER BY id") == [(None,), (10,)]
 
@@ -508,7 +512,8 @@ def test_torchrun_gives_one_profile_with_every_rank(tmp_path):
     plain = rows(db, "SELECT rank, plain_steps, plain_step_ms FROM ranks ORDER BY rank")
     assert [r[:2] for r in plain] == [(0, 2), (1, 2)] and all(ms > 0 for _, _, ms in plain)
     # Rank 1 trains on twice the batch: each rank's own LayerNorm shape is there.
-    assert rows(db, "SELECT DISTINCT rank, shape FROM shape_stats ORDER BY rank") == [(0, "[16,64]"), (1, "[32,64]")]
+    assert rows(db, "SELECT DISTINCT rank, shape FROM shape_stats WHERE op = 'layer_norm' ORDER BY rank") == [
+        (0, "[16,64]"), (1, "[32,64]")]
     report = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"],
                                        capture_output=True, text=True).stdout)
     assert [s["rank"] for s in report["steps"]] == [0, 1]
