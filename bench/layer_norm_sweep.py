@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fnmatch
 import json
 import math
 import os
@@ -164,6 +165,9 @@ def measure(args):
     l2 = props.L2_cache_size
     variants = hfnn.layer_norm_variants()
 
+    def picked(names):
+        return [v for v in names if any(fnmatch.fnmatchcase(v, g) for g in args.variants)]
+
     def timed(calls):
         times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
         return statistics.median(times), statistics.quantiles(times, n=5)
@@ -207,10 +211,10 @@ def measure(args):
             bwd["default"] = lambda x, dy, m, r: torch.ops.hfnn.layer_norm_bwd(dy, x, ns, m, r, w, b, mask, "")
             ran = {p_: torch.ops.hfnn.layer_norm_default(x0, ns, w, b, p_ == "bwd") for p_ in ("fwd", "bwd")}
         if "variants" in want:
-            for v in variants["fwd"]:
+            for v in picked(variants["fwd"]):
                 if torch.ops.hfnn.layer_norm_supports(x0, ns, w, b, v):
                     fwd[v] = lambda x, v=v: torch.ops.hfnn.layer_norm_fwd(x, ns, w, b, 1e-5, v)
-            for v in variants["bwd"]:
+            for v in picked(variants["bwd"]):
                 if torch.ops.hfnn.layer_norm_supports(x0, ns, w, b, v):
                     bwd[v] = lambda x, dy, m, r, v=v: torch.ops.hfnn.layer_norm_bwd(dy, x, ns, m, r, w, b, mask, v)
         if compile_on and size == "16M":
@@ -492,6 +496,9 @@ def main():
     ap.add_argument("--candidates", nargs="+", default=["torch", "variants"], choices=CANDIDATES,
                     help="torch, compile (torch.compile, 16M elements only), default (hfnn's built-in choice), "
                          "variants (every hfnn variant that takes the shape)")
+    ap.add_argument("--variants", nargs="+", default=["*"], metavar="GLOB",
+                    help="with --candidates variants: only the variants whose names match one of these (fnmatch), "
+                         "e.g. '*_tma_*' to measure new variants alone and --merge them into a sweep")
     ap.add_argument("--compile-workers", type=int, default=8, help="processes that pre-compile in parallel")
     ap.add_argument("--reps", type=int, default=11, help="graph replays per candidate (median taken)")
     ap.add_argument("--graph-bytes", type=float, default=1e9, help="bytes one graph replay moves at least")

@@ -14,6 +14,8 @@
 #   overhead  bench/dispatch_overhead.py: HFNN_DISPATCH_DB's CPU cost per LayerNorm call
 #   e2e       bench/e2e.py: profile, tune, train with torch and with HFNN_DISPATCH_DB; one run per
 #             config in $E2E_CONFIGS (default "float32 bfloat16"; float32-tf32 adds --tf32)
+#   smoke     scripts/layer_norm_smoke.py: the variants in $SMOKE_VARIANTS at a few shapes against
+#             float64, under a watchdog (a hang ends it in $SMOKE_TIMEOUT s, default 60, not the call)
 #   pytest-k  only the Python tests that $PYTEST_K selects (pytest -k), verbose, with timings
 #   e2e-multi bench/e2e.py under torchrun on every GPU of the machine
 #   widths    tests/python/test_layer_norm_widths.py: every variant at every width (1 to 262,144)
@@ -101,6 +103,11 @@ if want tests-quick; then
   # (faulthandler_timeout: a test that hangs prints every thread's stack instead of nothing)
   timeout 420 python3 -m pytest tests/python/test_layer_norm.py tests/python/test_dispatch.py -q -p no:cacheprovider \
     --durations=10 -o faulthandler_timeout=150 2>&1 | tee "$OUT/pytest-quick.log" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want smoke; then
+  timeout 400 python3 scripts/layer_norm_smoke.py --variants ${SMOKE_VARIANTS:?set SMOKE_VARIANTS} \
+    --timeout ${SMOKE_TIMEOUT:-60} 2>&1 | tee "$OUT/smoke.log" | grep -v ": ok " | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want pytest-k; then
   timeout 480 python3 -m pytest tests/python -v -p no:cacheprovider -k "${PYTEST_K:?set PYTEST_K}" --durations=10 \
@@ -204,13 +211,13 @@ if want ncu; then
     IFS=: read -r variant dtype shape <<< "$case"
     # Two of hfnn's kernels after six warm-up launches: the 4th backward call's variant and partials'
     # reduction, or the 7th and 8th forward calls. Clocks as the benchmarks run them (no locking).
-    ncu --clock-control none -k regex:"wide_kernel|regs_kernel|block_kernel|reduce_partials" --launch-skip 6 --launch-count 2 \
+    ncu --clock-control none -k regex:"wide_kernel|regs_kernel|block_kernel|window_kernel|tma_kernel|reduce_partials" --launch-skip 6 --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       --section WarpStateStats --section SchedulerStats \
       python3 bench/profile_variant.py --shape ${shape/x/ } --dtype "$dtype" --variant "$variant" --runs 8 \
       > "$OUT/ncu-$variant-$dtype-$shape.log" 2>&1 || status=1
-    echo "== $case"; grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|No Eligible|Active Warps Per Scheduler|Eligible Warps" \
-      "$OUT/ncu-$variant-$dtype-$shape.log" | head -40
+    echo "== $case"; grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|No Eligible|Active Warps Per Scheduler|Eligible Warps|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|L2 Hit|Stall|stall" \
+      "$OUT/ncu-$variant-$dtype-$shape.log" | head -60
   done
 fi
 if want mha; then
