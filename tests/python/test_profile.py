@@ -349,8 +349,12 @@ def test_autocast_layer_norm_is_recorded_once_with_the_dtype_its_kernel_sees(tmp
     (tmp_path / "autocast.py").write_text(AUTOCAST_SCRIPT)
     out = profile(tmp_path, "--warmup", "1", "--steps", "3", "autocast.py", module)
     assert out.returncode == 0, out.stderr
-    shapes = rows(tmp_path / "shapes.db", "SELECT shape, dtype, phase, calls FROM shape_stats ORDER BY phase")
+    shapes = rows(tmp_path / "shapes.db",
+                  "SELECT shape, dtype, phase, calls FROM shape_stats WHERE op = 'layer_norm' ORDER BY phase")
     assert shapes == [("[16,64]", "float32", "bwd", 3), ("[16,64]", "float32", "fwd", 3)]
+    # The Linear's GEMMs are recorded apart, for the advice, in the dtype autocast ran them in.
+    gemms = rows(tmp_path / "shapes.db", "SELECT dtype, phase FROM shape_stats WHERE op = 'gemm' GROUP BY dtype, phase")
+    assert ("bfloat16", "fwd") in gemms
 
 
 LSTM_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lstm_lm.py"
