@@ -4,6 +4,8 @@
 // parts into the SQLite database (profiles/db.h). Nothing per event reaches the disk: a part's
 // size depends on the number of distinct ops and shapes, not on the number of steps.
 #pragma once
+#include <ATen/core/Tensor.h>
+
 #include <string>
 
 namespace hfnn::profiles {
@@ -20,5 +22,10 @@ bool recording();
 void stop();
 // The part as it would be written now (tests, debugging).
 std::string snapshot();
+// hfnn's own LayerNorm ops (hfnn::layer_norm, hfnn::layer_norm_bwd) name their shape here, first
+// thing in their kernels: the collector asks torch for no op's inputs outside a few records
+// (collector.cpp, boxes_inputs), and theirs are called from Python, inside none. Does nothing
+// unless the innermost record of this thread is that op's, while recording.
+void note_layer_norm(const at::Tensor& input, c10::IntArrayRef normalized_shape, bool affine, bool backward);
 
 }  // namespace hfnn::profiles

@@ -104,6 +104,91 @@ def test_backward_records_count_under_their_own_names(tmp_path):
         assert calls[prefix + node] == calls[node], (node, calls)
 
 
+THREADS_SCRIPT = """
+import threading, torch
+p = torch.nn.Parameter(torch.randn(8))
+opt = torch.optim.SGD([p], lr=1e-3)
+a = torch.ones(4)
+
+
+def work():
+    for _ in range(20):
+        torch.sub(a, 1.0)
+
+
+for _ in range(5):
+    for _ in range(30):
+        torch.add(a, 1.0)
+    worker = threading.Thread(target=work)  # a new thread a step: each ends, the next takes its place
+    worker.start()
+    worker.join()
+    (p * 2).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_ops_of_every_thread_are_counted_and_the_warmup_is_not(tmp_path):
+    # Each thread adds to its own totals without a lock; the part sums them, less the warm-up.
+    (tmp_path / "threads.py").write_text(THREADS_SCRIPT)
+    out = profile(tmp_path, "--warmup", "2", "--steps", "3", "threads.py")
+    assert out.returncode == 0, out.stderr
+    calls = dict(rows(tmp_path / "shapes.db", "SELECT name || '/' || phase, calls FROM op_stats"))
+    assert (calls["aten::add/fwd"], calls["aten::sub/fwd"], calls["aten::mul/fwd"]) == (3 * 30, 3 * 20, 3)
+    assert calls["MulBackward0/bwd"] == 3
+
+
+BOXING_SCRIPT = """
+import json, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(3):
+    model(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
+"""
+
+
+def test_inputs_are_boxed_only_where_a_shape_is_read(tmp_path):
+    # torch copies an op's inputs into IValues only for observers that ask for them: the collector
+    # asks inside LayerNorm's records (and torch's LSTM's), not for every op, and still records
+    # every LayerNorm shape, forward and backward.
+    (tmp_path / "boxing.py").write_text(BOXING_SCRIPT)
+    out = profile(tmp_path, "-q", "--warmup", "0", "--steps", "0", "boxing.py", str(tmp_path / "snap.json"))
+    assert out.returncode == 0, out.stderr
+    snap = json.loads((tmp_path / "snap.json").read_text())
+    observer = snap["observer"]
+    assert observer["records"] > 100
+    assert 0 < 5 * observer["records_with_inputs"] < observer["records"], observer
+    assert sorted((s["phase"], s["calls"]) for s in snap["shapes"]) == [("bwd", 3), ("fwd", 3)]
+
+
+HFNN_LAYER_NORM_SCRIPT = """
+import torch, hfnn
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), hfnn.nn.LayerNorm(64), torch.nn.ReLU(),
+                            hfnn.nn.LayerNorm(64, elementwise_affine=False))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(4):
+    model(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_hfnn_layer_norm_shapes_are_recorded_once_per_call(tmp_path):
+    # hfnn.nn.LayerNorm calls hfnn::layer_norm from Python; on the CPU it runs torch's kernel inside
+    # it, whose record (the innermost) keeps the shape: once a call, forward and backward.
+    (tmp_path / "hfnn_ln.py").write_text(HFNN_LAYER_NORM_SCRIPT)
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "hfnn_ln.py")
+    assert out.returncode == 0, out.stderr
+    shapes = rows(tmp_path / "shapes.db", "SELECT shape, dtype, affine, phase, calls FROM shape_stats ORDER BY affine, phase")
+    assert shapes == [("[16,64]", "float32", 0, "bwd", 3), ("[16,64]", "float32", 0, "fwd", 3),
+                      ("[16,64]", "float32", 1, "bwd", 3), ("[16,64]", "float32", 1, "fwd", 3)]
+
+
 def test_the_database_does_not_grow_with_steps(tmp_path):
     sizes = []
     for steps in (10, 400):
@@ -361,6 +446,8 @@ def test_lstm_shapes_are_recorded_with_their_settings(tmp_path):
                                            "SELECT shape, dtype, flags, calls FROM shape_stats WHERE op = 'lstm'")
     assert (shape, dtype, calls) == ("[4,32,64]", "float32", 2)
     assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1,proj=0,dropout=0"
+    # The scope that lets the collector read aten::lstm's inputs is no op of its own.
+    assert rows(tmp_path / "shapes.db", "SELECT count(*) FROM op_stats WHERE name LIKE 'hfnn.inputs%'") == [(0,)]
 
 
 _LSTM_AUTOCAST = r"""
