@@ -383,6 +383,7 @@ struct State {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> step_intervals;
   size_t settled_steps = 0;  // the steps before it are settled (with --steps 0 a run may have thousands)
   bool gpu = false;  // CUPTI records are being collected
+  bool cupti_checked = false;  // the first records came with their correlations
   GpuJoin join;
   std::vector<GpuRecord> drained_records;  // reused between drains
   std::vector<Correlation> drained_correlations;
@@ -700,6 +701,13 @@ void attribute_locked(State& s, bool forced) {
   s.join.add(s.drained_records, s.drained_correlations, &s.step_intervals);
   s.drained_records.clear();
   s.drained_correlations.clear();
+  // The launch calls alone must give correlation records (cupti_activity.cpp): where the first
+  // records came without any, every API call is traced from then on, and the part says so.
+  if (!s.cupti_checked && s.join.records > 0) {
+    s.cupti_checked = true;
+    if (s.join.correlations == 0 && CuptiActivity::trace_every_api())
+      s.meta["cupti_api"] = CuptiActivity::traced_apis() + " (the launch calls alone gave no correlation records)";
+  }
 }
 
 // Keeps the op calls of the last two steps: kernels finish after the CPU has moved on.
@@ -1006,6 +1014,7 @@ void start(const std::string& config_json) {
     std::string why;
     s.gpu = CuptiActivity::start(&why);
     s.meta["cupti"] = s.gpu ? "on" : why;
+    if (s.gpu) s.meta["cupti_api"] = CuptiActivity::traced_apis();
     if (!s.gpu)
       std::fprintf(stderr, "hfnn profile: CUDA activity is not available (%s: another CUPTI client such as "
                            "torch.profiler or Nsight may hold it); recording CPU times and shapes only\n", why.c_str());
@@ -1047,7 +1056,7 @@ void stop() {
 std::string snapshot() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  attribute_locked(s, false);
+  attribute_locked(s, true);  // every CUDA record so far (the caller synchronises the device first)
   return part_json(s).dump();
 }
 

@@ -20,7 +20,8 @@ void step();
 bool recording();
 // Writes the final part and stops observing. Safe to call twice.
 void stop();
-// The part as it would be written now (tests, debugging).
+// The part as it would be written now, every CUDA record so far attributed (tests, debugging;
+// synchronise the device first).
 std::string snapshot();
 // hfnn's own LayerNorm ops (hfnn::layer_norm, hfnn::layer_norm_bwd) name their shape here, first
 // thing in their kernels: the collector asks torch for no op's inputs outside a few records

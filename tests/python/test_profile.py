@@ -407,6 +407,38 @@ def test_cuda_time_lands_on_the_ops_that_launched_it(tmp_path):
     assert "Top kernels by CUDA time" in out.stdout and "ranked by CUDA self time" in out.stdout
 
 
+CUPTI_SCRIPT = """
+import json, sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(4):
+    model(torch.randn(16, 32, device="cuda")).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+torch.cuda.synchronize()
+json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA device: the CUPTI path runs on the GPU machine")
+@pytest.mark.parametrize("apis", ["launch", "all"])
+def test_cupti_traces_the_launch_calls_and_every_kernel_finds_its_op(tmp_path, apis):
+    # CUPTI's correlation records come for the API calls it traces: the launch, memcpy and memset
+    # calls alone (default), or every call (HFNN_CUPTI_API=all, as before): either way each kernel
+    # is joined to the op that launched it.
+    (tmp_path / "cupti.py").write_text(CUPTI_SCRIPT)
+    env = dict(os.environ, HFNN_CUPTI_API="all") if apis == "all" else None
+    out = profile(tmp_path, "-q", "--warmup", "0", "--steps", "0", "cupti.py", str(tmp_path / "snap.json"), env=env)
+    assert out.returncode == 0, out.stderr
+    snap = json.loads((tmp_path / "snap.json").read_text())
+    expected = "launch, memcpy and memset calls" if apis == "launch" else "every runtime and driver API call"
+    assert snap["meta"]["cupti_api"].startswith(expected), snap["meta"]
+    records = snap["gpu_records"]
+    assert records["attributed"] > 20 and records["no_correlation"] <= 0.01 * records["drained"], records
+    ops = {o["name"]: o for o in snap["ops"] if o["phase"] == "fwd"}
+    assert ops["aten::addmm"]["cuda_self_us"] > 0 and ops["aten::native_layer_norm"]["cuda_self_us"] > 0
+
+
 AUTOCAST_SCRIPT = """
 import sys, torch, hfnn
 layer = (hfnn.nn.LayerNorm if sys.argv[1] == "hfnn" else torch.nn.LayerNorm)(64).cuda()
