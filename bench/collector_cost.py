@@ -14,6 +14,9 @@ by round, so each mode sees the same host noise:
                   collector, which records every op of every step
   hfnn-sample-N   the same under `hfnn profile --sample N` (every N-th step recorded in full),
                   for each N in --sample (only where this build has the option)
+  floor           (--floor) an observer that does nothing, with the collector's scopes and no inputs:
+                  what torch's RecordFunction machinery costs any observer of every op (a C++
+                  extension built with torch.utils.cpp_extension, about a minute the first time)
   torch.profiler  torch.profiler.profile(activities=[CPU]), for comparison; and
   torch.profiler+shapes  the same with record_shapes=True
 
@@ -46,6 +49,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import write_result  # noqa: E402
 
 WORKLOADS = ("add", "view", "linear")
+
+# The floor: an observer whose callbacks do nothing, on the scopes the collector observes.
+FLOOR_SOURCE = r"""
+#include <ATen/record_function.h>
+#include <torch/extension.h>
+static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction&) { return nullptr; }
+static void end(const at::RecordFunction&, at::ObserverContext*) {}
+void observe() {
+  at::addGlobalCallback(at::RecordFunctionCallback(start, end).needsInputs(false).scopes(
+      {at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
+}
+"""
+
+
+def floor_observer(build_dir):
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline("hfnn_bench_floor_observer", cpp_sources=FLOOR_SOURCE, functions=["observe"],
+                       build_directory=str(build_dir), verbose=False)
 
 
 def _workload(name, torch):
@@ -83,6 +105,8 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if args.mode == "floor":
+        floor_observer(args.floor_dir).observe()
     run = _workload(args.workload, torch)
     run(200)  # warm-up: first calls, caches
     records = None
@@ -112,12 +136,13 @@ def child(args) -> None:
 
 def run_child(mode, workload, iterations, repeats, clock, work) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
+    (work / "floor").mkdir(exist_ok=True)
     if mode.startswith("hfnn"):
         env.update(HFNN_PROFILE_DIR=str(work), HFNN_PROFILE_WARMUP="0", HFNN_PROFILE_STEPS="0")
         if mode.startswith("hfnn-sample-"):
             env["HFNN_PROFILE_SAMPLE"] = mode.rsplit("-", 1)[1]
     cmd = [sys.executable, __file__, "--child", mode, "--workload", workload, "--iterations", str(iterations),
-           "--repeats", str(repeats), "--clock", clock]
+           "--repeats", str(repeats), "--clock", clock, "--floor-dir", str(work / "floor")]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"bench/collector_cost.py: mode {mode}, workload {workload} failed:\n{out.stderr[-3000:]}")
@@ -150,10 +175,13 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {','.join(WORKLOADS)}")
     ap.add_argument("--sample", default="", help="hfnn --sample values to time too, comma-separated (e.g. 10)")
     ap.add_argument("--no-torch-profiler", action="store_true", help="leave the torch.profiler modes out")
+    ap.add_argument("--floor", action="store_true",
+                    help="time an observer that does nothing too: torch's own cost per observed op (builds a C++ extension)")
     ap.add_argument("--out", type=Path, help="write the JSON result here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--iterations", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--floor-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         args.mode = args.child
@@ -166,6 +194,8 @@ def main():
         if w not in WORKLOADS:
             sys.exit(f"bench/collector_cost.py: --workloads: unknown workload {w!r}; use some of {','.join(WORKLOADS)}")
     modes = ["off", "hfnn"] + [f"hfnn-sample-{n}" for n in args.sample.split(",") if n]
+    if args.floor:
+        modes.append("floor")
     if not args.no_torch_profiler:
         modes += ["torch.profiler", "torch.profiler+shapes"]
     result = {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
@@ -173,6 +203,9 @@ def main():
               "rounds": args.rounds, "repeats": args.repeats, "clock": args.clock, "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="hfnn-bench-collector-") as tmp:
         work = Path(tmp)
+        if args.floor:  # built once, before anything is timed
+            (work / "floor").mkdir()
+            floor_observer(work / "floor")
         for w in workloads:
             # Records per iteration, from the collector, size the passes to about --ops records.
             probe = run_child("hfnn", w, 10, 1, args.clock, work)

@@ -360,15 +360,18 @@ std::atomic<uint64_t> g_next_id{1};
 
 // What the collector does, step by step: warm-up and the recorded steps (every op observed, CUDA
 // activity on), then the plain steps (nothing collected: only step boundaries are seen, to time
-// them), then nothing at all: the script runs on untouched.
-enum class Phase { kRecording, kPlain, kDone };
+// them), then nothing at all: the script runs on untouched. Under --sample N only every N-th step
+// of the recorded window is recorded in full; the steps in between are unsampled: like plain
+// steps, only timed.
+enum class Phase { kRecording, kUnsampled, kPlain, kDone };
 
 struct State {
   std::mutex mutex;
   nlohmann::json meta;
   std::filesystem::path part_path;
   int warmup = 0, steps = 0;  // steps == 0: record until the process ends
-  int boundaries = 0, recorded = 0;
+  int sample = 1;             // every sample-th step of the window is recorded in full
+  int boundaries = 0, recorded = 0, window = 0;  // window: the steps after the warm-up, unsampled ones too
   int64_t last_boundary_ns = 0;
   int64_t last_write_ns = 0;
   std::vector<double> step_ms;
@@ -395,6 +398,10 @@ struct State {
   int plain_steps = 0;
   bool plain_settled = false;  // the first interval after the recorded steps (the tear-down's) is behind
   std::vector<double> plain_ms;
+  // Under --sample: the unsampled steps' times, each from the end of the boundary that began it
+  // (after a recorded step, the tear-down: the device drained, CUDA activity paused, the observer
+  // swapped; now and then the part written), so none holds the collector's own work.
+  std::vector<double> unsampled_ms;
   bool gpu_finished = false;  // CUDA activity stopped and every record of the recorded steps attributed
   bool started = false, stopped = false;
 };
@@ -645,7 +652,8 @@ nlohmann::json part_json(const State& s) {
                          {"observer", {{"records", records}, {"records_with_inputs", with_inputs}}},
                          {"warmup", s.warmup}, {"steps_requested", s.steps}, {"step_boundaries", s.boundaries},
                          {"step_ms", s.step_ms}, {"plain_step_ms", s.plain_ms}, {"ops", ops}, {"shapes", shapes},
-                         {"kernels", kernels}};
+                         {"kernels", kernels}, {"sample", s.sample}, {"window_steps", s.window},
+                         {"unsampled_step_ms", s.unsampled_ms}};
   if (s.gpu) {
     std::vector<double> busy = s.step_gpu_ms;  // with the steps not settled yet
     for (size_t i = 0; i < busy.size() && i < s.step_intervals.size(); ++i)
@@ -720,11 +728,11 @@ void forget_old_locked(State& s) {
 // The recorded steps' CUDA activity, finished: the device drained so their last kernels complete,
 // every record attributed, CUPTI's activity disabled (nothing of it runs in the steps after) and
 // each step's busy time settled. Once, at the end of the recorded steps or at exit, whichever is first.
-void finish_gpu_locked(State& s) {
-  if (!s.gpu || s.gpu_finished) return;
-  s.gpu_finished = true;
-  // Never inside a CUDA graph capture (an optimizer step captured with torch.cuda.graph): a device
-  // synchronisation would invalidate it. The records of kernels still running are then incomplete.
+// The recorded steps so far, complete: the device drained so their last kernels finish, every
+// record attributed, each step's busy time settled, their calls forgotten (the kernels' totals stay).
+// Never inside a CUDA graph capture (an optimizer step captured with torch.cuda.graph): a device
+// synchronisation would invalidate it. The records of kernels still running are then incomplete.
+void drain_gpu_locked(State& s) {
   bool capturing = true;
   try {
     capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
@@ -733,14 +741,36 @@ void finish_gpu_locked(State& s) {
   }
   if (!capturing && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
   attribute_locked(s, true);
-  CuptiActivity::stop();
   for (size_t i = 0; i < s.step_intervals.size(); ++i) settle_busy(s, i);
-  s.join.forget_before(UINT64_MAX);  // the kernels' totals stay
+  s.join.forget_before(g_next_id.load());
+}
+
+// The recorded steps' CUDA activity, finished: drained, and CUPTI's activity disabled (nothing of it
+// runs in the steps after). Once, at the end of the recorded steps or at exit, whichever is first.
+void finish_gpu_locked(State& s) {
+  if (!s.gpu || s.gpu_finished) return;
+  s.gpu_finished = true;
+  drain_gpu_locked(s);
+  CuptiActivity::stop();
+}
+
+// Under --sample, around the unsampled steps: CUPTI's activity off (no CUPTI work in their
+// launches), then on again for the next recorded step.
+void pause_gpu_locked(State& s) {
+  if (!s.gpu || s.gpu_finished) return;
+  drain_gpu_locked(s);
+  CuptiActivity::pause();
+}
+
+void resume_gpu_locked(State& s) {
+  if (s.gpu && !s.gpu_finished) CuptiActivity::resume();
 }
 #else
 void attribute_locked(State&, bool) {}
 void forget_old_locked(State&) {}
 void finish_gpu_locked(State&) {}
+void pause_gpu_locked(State&) {}
+void resume_gpu_locked(State&) {}
 #endif
 
 // ---- Phases and step boundaries ------------------------------------------------------------------
@@ -758,7 +788,7 @@ void on_step_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (std::string_view(fn.name()).rfind(kOptimizerStep, 0) != 0) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.phase == Phase::kPlain && !s.stopped) boundary_locked(s);
+  if ((s.phase == Phase::kPlain || s.phase == Phase::kUnsampled) && !s.stopped) boundary_locked(s);
 }
 
 void observe_locked(State& s, Phase phase) {
@@ -774,7 +804,7 @@ void observe_locked(State& s, Phase phase) {
                                          .needsIds(false)
                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                                                   at::RecordScope::USER_SCOPE}));
-  else if (phase == Phase::kPlain)
+  else if (phase == Phase::kPlain || phase == Phase::kUnsampled)
     s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_step_start, on_step_end)
                                          .scopes({at::RecordScope::USER_SCOPE}));
 }
@@ -832,6 +862,20 @@ void forget_warmup_locked(State& s) {
   s.step_first_id.assign(1, g_next_id.load());
 }
 
+// Under --sample, after a recorded step whose next one is not: the device drained, CUDA activity
+// paused, and only step boundaries observed until the next recorded step.
+void pause_locked(State& s) {
+  s.recording = false;
+  pause_gpu_locked(s);
+  observe_locked(s, Phase::kUnsampled);
+}
+
+void resume_locked(State& s) {
+  resume_gpu_locked(s);
+  s.recording = true;
+  observe_locked(s, Phase::kRecording);
+}
+
 void boundary_locked(State& s) {
   const int64_t t = now_ns();
   ++s.boundaries;
@@ -840,15 +884,23 @@ void boundary_locked(State& s) {
     s.last_boundary_ns = t;
     return;
   }
-  attribute_locked(s, false);
+  const bool recorded = s.phase == Phase::kRecording;  // the step that ended now was recorded in full
+  if (recorded) attribute_locked(s, false);
   if (s.boundaries <= s.warmup) {
     forget_warmup_locked(s);
-  } else if (s.steps == 0 || s.recorded < s.steps) {
-    s.step_ms.push_back((t - s.last_boundary_ns) / 1e6);
-    ++s.recorded;
-    forget_old_locked(s);
-    const bool last = s.steps != 0 && s.recorded == s.steps;
-    if (!last) {  // the next step's GPU time and first op call
+  } else if (s.steps == 0 || s.window < s.steps) {
+    if (recorded) {
+      s.step_ms.push_back((t - s.last_boundary_ns) / 1e6);
+      ++s.recorded;
+      forget_old_locked(s);
+    } else {
+      s.unsampled_ms.push_back((t - s.last_boundary_ns) / 1e6);
+    }
+    ++s.window;
+    const bool last = s.steps != 0 && s.window == s.steps;
+    const bool next_recorded = !last && s.window % s.sample == 0;
+    if (next_recorded) {  // the next step's GPU time and first op call
+      if (!recorded) resume_locked(s);
       s.step_gpu_ms.push_back(0.0);
       s.step_intervals.emplace_back();
       s.step_first_id.push_back(g_next_id.load());
@@ -858,12 +910,17 @@ void boundary_locked(State& s) {
     // and short steps do not pay for file writes.
     if (last) {
       end_recording_locked(s);
-    } else if (t - s.last_write_ns > 1'000'000'000) {
-      write_part(s);
-      s.last_write_ns = t;
+    } else {
+      if (recorded && !next_recorded) pause_locked(s);
+      if (t - s.last_write_ns > 1'000'000'000) {
+        write_part(s);
+        s.last_write_ns = t;
+      }
     }
   }
-  s.last_boundary_ns = t;
+  // An unsampled step stands for a step without the profiler: its clock starts once the boundary's
+  // own work is done. (A recorded step's holds it, as it is part of what the profiler costs.)
+  s.last_boundary_ns = s.phase == Phase::kUnsampled ? now_ns() : t;
 }
 
 // ---- The observer ------------------------------------------------------------------------------
@@ -1001,6 +1058,7 @@ void start(const std::string& config_json) {
   s.meta = config.value("meta", nlohmann::json::object());
   s.warmup = config.value("warmup", 0);
   s.steps = config.value("steps", 0);
+  s.sample = std::max(1, config.value("sample", 1));
   s.plain_steps = s.steps > 0 ? config.value("plain_steps", 0) : 0;  // --steps 0 records to the end
   const std::string dir = config.value("dir", "");
   if (!dir.empty()) {
@@ -1037,7 +1095,7 @@ void step() {
 bool recording() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  return s.started && !s.stopped && s.phase == Phase::kRecording;
+  return s.started && !s.stopped && (s.phase == Phase::kRecording || s.phase == Phase::kUnsampled);
 }
 
 void stop() {

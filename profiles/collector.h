@@ -11,12 +11,14 @@
 namespace hfnn::profiles {
 
 // config_json: {"dir": part folder, "warmup": steps skipped, "steps": steps recorded (0: all),
+//               "sample": of those, every sample-th recorded in full, the others only timed (1: all),
 //               "plain_steps": steps timed after them with every collection off (the plain step),
 //               "meta": {...} copied into the part (versions, GPU, rank, command)}.
 void start(const std::string& config_json);
 // A step boundary, for loops without a torch optimizer (optimizer.step() is detected by itself).
 void step();
-// Whether ops are being recorded (warm-up included); false once the recorded steps are done.
+// Whether the recorded steps are under way (warm-up included, and under --sample the unsampled
+// steps between recorded ones); false once they are done.
 bool recording();
 // Writes the final part and stops observing. Safe to call twice.
 void stop();

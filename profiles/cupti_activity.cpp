@@ -82,6 +82,7 @@ constexpr uint32_t kMaxCallbackId = 4096;  // past every CUPTI 13 table (523 run
 
 std::vector<std::pair<CUpti_CallbackDomain, uint32_t>> g_apis;  // the API calls traced one by one
 bool g_all_apis = false;
+bool g_paused = false;
 std::string g_traced;
 
 bool puts_work_on_the_gpu(const char* name) {
@@ -93,6 +94,19 @@ bool puts_work_on_the_gpu(const char* name) {
 CUptiResult enable_api(CUpti_CallbackDomain domain, uint32_t cbid, uint8_t enable) {
   return domain == CUPTI_CB_DOMAIN_RUNTIME_API ? cuptiActivityEnableRuntimeApi(cbid, enable)
                                                : cuptiActivityEnableDriverApi(cbid, enable);
+}
+
+// Every kind and traced API call on (1) or off (0), the lists kept.
+CUptiResult set_tracing(uint8_t on) {
+  CUptiResult r = CUPTI_SUCCESS;
+  for (auto kind : kKinds)
+    if (const CUptiResult k = on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind); r == CUPTI_SUCCESS) r = k;
+  for (const auto& [domain, cbid] : g_apis)
+    if (const CUptiResult k = enable_api(domain, cbid, on); r == CUPTI_SUCCESS) r = k;
+  if (g_all_apis)
+    for (auto kind : kApiKinds)
+      if (const CUptiResult k = on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind); r == CUPTI_SUCCESS) r = k;
+  return r;
 }
 
 void untrace_apis() {
@@ -167,12 +181,26 @@ void CuptiActivity::stop() {
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   untrace_apis();
   for (auto kind : kKinds) cuptiActivityDisable(kind);
+  g_paused = false;
+}
+
+void CuptiActivity::pause() {
+  if (!g_active || g_paused) return;
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  set_tracing(0);
+  g_paused = true;
+}
+
+void CuptiActivity::resume() {
+  if (!g_active || !g_paused) return;
+  set_tracing(1);
+  g_paused = false;
 }
 
 std::string CuptiActivity::traced_apis() { return g_active ? g_traced : std::string(); }
 
 bool CuptiActivity::trace_every_api() {
-  if (!g_active || g_all_apis) return false;
+  if (!g_active || g_paused || g_all_apis) return false;
   return trace_all_apis() == CUPTI_SUCCESS;
 }
 

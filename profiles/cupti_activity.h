@@ -30,6 +30,10 @@ class CuptiActivity {
   static bool start(std::string* why_not);
   // Flushes, disables and forgets. Safe to call when start() failed or twice.
   static void stop();
+  // Activity off and on again (--sample: the unsampled steps), the traced calls kept; the caller
+  // drains the device and the records first.
+  static void pause();
+  static void resume();
   // Which API calls are traced for their correlation records (the launch, memcpy and memset ones,
   // or every one): a phrase for the part's meta; empty when not started.
   static std::string traced_apis();

@@ -150,6 +150,7 @@ def _install() -> None:
         "warmup": int(os.environ.get("HFNN_PROFILE_WARMUP", "0")),
         "steps": int(os.environ.get("HFNN_PROFILE_STEPS", "0")),
         "plain_steps": int(os.environ.get("HFNN_PROFILE_PLAIN_STEPS", "0")),
+        "sample": int(os.environ.get("HFNN_PROFILE_SAMPLE", "1")),
         "meta": _meta(),
     }
     _labels.append(_record_attention_shapes(torch))

@@ -553,18 +553,21 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
     with sqlite3.connect(db) as con:  # back to schema 1: no flags column
         con.execute("ALTER TABLE shape_stats DROP COLUMN flags")
         con.execute("ALTER TABLE op_stats DROP COLUMN forward_op")
-        for table, column in (("runs", "plain_steps_requested"), ("ranks", "plain_steps"), ("ranks", "plain_step_ms")):
+        for table, column in (("runs", "plain_steps_requested"), ("ranks", "plain_steps"), ("ranks", "plain_step_ms"),
+                              ("runs", "sample_every"), ("ranks", "unsampled_steps"), ("ranks", "unsampled_step_ms")):
             con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         for table in ("tune_winners", "tune_results", "tune_envs"):
             con.execute(f"DROP TABLE {table}")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
-    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("5",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("6",)]
     assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
     assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
     # The first run predates the plain step (NULL: not timed), the second asked for the default 10.
     assert rows(db, "SELECT plain_steps_requested FROM runs ORDER BY id") == [(None,), (10,)]
+    # Likewise --sample (NULL: every recorded step in full, as then), and the default 1.
+    assert rows(db, "SELECT sample_every FROM runs ORDER BY id") == [(None,), (1,)]
 
 
 def test_csv_report_has_the_same_content_as_json(tmp_path):
