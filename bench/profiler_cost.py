@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
-"""What `hfnn profile` costs and how well it agrees with torch.profiler, on a bundled example.
+"""What `hfnn profile` costs and how well it agrees with torch.profiler, on the bundled examples.
 
     python3 bench/profiler_cost.py --out bench/results/profile-h200.json        # on a GPU machine
-    python3 bench/profiler_cost.py --size small --steps 5                        # a quick look on a CPU
+    python3 bench/profiler_cost.py --size small --steps 5 --rounds 1            # a quick look on a CPU
+    python3 bench/profiler_cost.py --configs transformer:bfloat16 --mode "--sample 4"   # a lighter mode too
 
-Four runs of the example (examples/evoformer.py by default), same seed and data:
-  plain        the example alone: its median step time is the reference
-  hfnn         under `hfnn profile --warmup W --steps S --plain-steps P` (W and S the example's), the
-               example running S + 1 + P timed steps: overhead on its first S, DB size, and the plain
-               step the profile reports (issue 13: it should agree with the plain run within 5%)
-  torch        under torch.profiler(record_shapes=True), the way people profile today: its overhead
-  agreement    under `hfnn profile --warmup 0 --steps 0`, the same steps torch.profiler saw: per-op
-               self time (CUDA on a GPU, CPU otherwise), summed over forward and backward, against
-               torch.profiler's key_averages() for the ten ops hfnn ranks highest
-The result is a JSON object: gpu, torch, date, steps, overhead_pct, torch_profiler_overhead_pct,
-reported_plain_step_ms (the DB's plain step: the median of P steps timed after the recorded ones with
-collection off), reported_profiler_cost_pct (what the reports say the profiler cost),
-example_plain_step_ms (the example's own clock over those P steps), plain_step_agreement_pct
-(reported_plain_step_ms against the plain run's median), max_top_op_time_diff_pct, db_bytes, and
-the per-op table behind the last number; on a GPU also
+Each config (example:dtype; by default on a GPU transformer:bfloat16, evoformer:bfloat16 and
+evoformer:float32, the configs of issue 13; on a CPU transformer:float32 and evoformer:float32) runs,
+same seed and data, in these modes, one run of each in turn per round (--rounds), so that a host's
+drift falls on every mode alike:
+  plain           the example alone: its median step time is the reference
+  hfnn            under `hfnn profile --warmup W --steps S --plain-steps P` (W and S the example's), the
+                  example running S + 1 + P timed steps: its median over the first S is the step under
+                  the profiler; the plain step the profile itself reports (the median of the P steps
+                  timed after the recorded ones with collection off) should agree with the plain mode
+                  within 5% (issue 13)
+  hfnn <options>  the same with more `hfnn profile` options (--mode, repeatable: a lighter mode)
+  torch.profiler  under torch.profiler(record_shapes=True), CPU and CUDA activities: the way people
+                  profile today
+A mode's step_ms is the median over rounds of each run's median step. Once per config, outside the
+rounds, `hfnn profile --warmup 0 --steps 0` records the same steps torch.profiler saw, and the
+hfnn record gets per-op self time (CUDA on a GPU, CPU otherwise), summed over forward and backward,
+against torch.profiler's key_averages() for the ten ops hfnn ranks highest (max_top_op_time_diff_pct,
+top_ops).
+
+The result is a JSON array, one record per config x mode: gpu, torch, date, example, dtype, mode,
+step_ms, step_ms_runs (each round's median), overhead_pct (against plain); for hfnn modes also
+reported_plain_step_ms, plain_step_agreement_pct (it against plain's step_ms),
+reported_profiler_cost_pct and its sentence (what the reports say the profiler cost),
+example_plain_step_ms (the example's own clock over the plain steps), db_bytes, and on a GPU
 kernel_sum_vs_gpu_busy_pct: the recorded kernels' summed time against the steps' GPU busy time (the
 union of the kernels' intervals), which differ only by overlapping kernels or unattributed time.
 """
@@ -28,6 +38,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shlex
 import shutil
 import sqlite3
 import statistics
@@ -36,7 +47,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from _bench import require_hfnn, run, write_result  # noqa: E402
+from _bench import require_hfnn, run  # noqa: E402
 
 # Runs the example in this process under torch.profiler, then writes key_averages() per op name.
 TORCH_PROFILER_RUNNER = r"""
@@ -55,95 +66,153 @@ for e in prof.key_averages():
 json.dump(rows, open(out, "w"))
 """
 
+EXAMPLES = ("transformer", "evoformer", "lstm_lm")
 
 
-def median_ms(path):
-    return json.loads(Path(path).read_text())["median_step_ms"]
+def config(text: str) -> tuple[str, str]:
+    """'example:dtype' -> (example, dtype), or argparse's one-line error naming the fix."""
+    example, _, dtype = text.partition(":")
+    if example not in EXAMPLES or dtype not in ("float32", "bfloat16"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give example:dtype, example one of {', '.join(EXAMPLES)}, dtype float32 or bfloat16")
+    return example, dtype
 
 
-def step_ms(path):
-    return json.loads(Path(path).read_text())["step_ms"]
+def median_step(path: Path) -> float:
+    return json.loads(path.read_text())["median_step_ms"]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--example", type=Path, default=ROOT / "examples" / "evoformer.py")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps of each run")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    ap.add_argument("--plain-steps", type=int, default=10,
-                    help="steps the hfnn run times after its recorded ones with collection off (the plain step)")
-    ap.add_argument("--size", choices=["auto", "full", "small"], default="auto")
-    ap.add_argument("--out", type=Path, help="write the JSON result here")
-    args = ap.parse_args()
-    hfnn = require_hfnn()
-
+def measure(example: str, dtype: str, args, hfnn: str, work: Path, on_gpu: bool) -> list[dict]:
+    """One config's records, one per mode (see the module's docstring)."""
     import torch
 
-    work = Path(tempfile.mkdtemp(prefix="hfnn-bench-profile-"))
-    example = [str(args.example), "--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
     py = sys.executable
+    script = str(ROOT / "examples" / f"{example}.py")
+    common = ["--warmup", str(args.warmup), "--size", args.size, "--dtype", dtype]
+    plain_cmd = [script, "--steps", str(args.steps), *common]
+    # The hfnn runs go on past the recorded steps: one step for the profiler's tear-down, then the
+    # plain ones. The example's own step times are the same steps' (the warm-ups are both's first W).
+    longer = [script, "--steps", str(args.steps + 1 + args.plain_steps), *common]
+    hfnn_modes = {"hfnn": [], **{f"hfnn {m}": shlex.split(m) for m in args.mode}}
+    modes = ["plain", *hfnn_modes, "torch.profiler"]
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode in modes:
+            tag = f"{example}-{dtype}-{modes.index(mode)}-{r}"
+            out = work / f"{tag}.json"
+            print(f"{example} {dtype}: round {r + 1} of {args.rounds}, {mode}", file=sys.stderr, flush=True)
+            if mode == "plain":
+                run([py, *plain_cmd, "--json", str(out)], cwd=work)
+                runs[mode].append({"step_ms": median_step(out)})
+            elif mode == "torch.profiler":
+                ops = work / f"{tag}-ops.json"
+                run([py, "-c", TORCH_PROFILER_RUNNER, str(ops), *plain_cmd, "--json", str(out)], cwd=work)
+                runs[mode].append({"step_ms": median_step(out), "ops": json.loads(ops.read_text())})
+            else:
+                db = work / f"{tag}.db"
+                run([hfnn, "profile", "--db", str(db), "--python", py, "--report", "none", "--warmup",
+                     str(args.warmup), "--steps", str(args.steps), "--plain-steps", str(args.plain_steps),
+                     *hfnn_modes[mode], *longer, "--json", str(out)], cwd=work)
+                steps = json.loads(out.read_text())["step_ms"]
+                report = json.loads(run([hfnn, "report", "--db", str(db), "--format", "json"]).stdout)
+                with sqlite3.connect(db) as con:
+                    kernel_us = con.execute("SELECT sum(cuda_us) FROM kernel_stats").fetchone()[0]
+                    busy_ms = con.execute("SELECT sum(gpu_busy_ms) FROM step_stats").fetchone()[0]
+                runs[mode].append({
+                    "step_ms": statistics.median(steps[:args.steps]),
+                    "example_plain_step_ms": statistics.median(steps[args.steps + 1:]) if args.plain_steps else None,
+                    "cost": report["profiler_cost"], "db_bytes": os.path.getsize(db),
+                    "kernel_us": kernel_us, "busy_ms": busy_ms})
 
-    run([py, *example, "--json", str(work / "plain.json")], cwd=work)
-    # The example runs on past the recorded steps: one step for the profiler's tear-down, then the
-    # plain ones. Its own step times are the same steps' (the warm-ups are both's first W).
-    longer = [str(args.example), "--steps", str(args.steps + 1 + args.plain_steps), "--warmup", str(args.warmup),
-              "--size", args.size]
-    run([hfnn, "profile", "--db", str(work / "hfnn.db"), "--python", py, "--report", "none", "--warmup",
-         str(args.warmup), "--steps", str(args.steps), "--plain-steps", str(args.plain_steps), *longer, "--json",
-         str(work / "hfnn.json")], cwd=work)
-    run([py, "-c", TORCH_PROFILER_RUNNER, str(work / "torch_ops.json"), *example, "--json", str(work / "torch.json")], cwd=work)
-    run([hfnn, "profile", "--db", str(work / "agree.db"), "--python", py, "--report", "none", "--warmup", "0",
-         "--steps", "0", *example, "--json", str(work / "agree.json")], cwd=work)
-
-    plain, torch_prof = median_ms(work / "plain.json"), median_ms(work / "torch.json")
-    hfnn_steps = step_ms(work / "hfnn.json")
-    profiled = statistics.median(hfnn_steps[:args.steps])
-    example_plain = statistics.median(hfnn_steps[args.steps + 1:]) if args.plain_steps else None
-    report = json.loads(run([hfnn, "report", "--db", str(work / "hfnn.db"), "--format", "json"]).stdout)
-    reported = report["profiler_cost"]
-    with sqlite3.connect(work / "agree.db") as con:
+    # Per-op agreement: hfnn over the steps torch.profiler saw (every step, warm-ups included).
+    agree = work / f"{example}-{dtype}-agree.db"
+    run([hfnn, "profile", "--db", str(agree), "--python", py, "--report", "none", "--warmup", "0", "--steps", "0",
+         *plain_cmd, "--json", str(work / f"{example}-{dtype}-agree.json")], cwd=work)
+    with sqlite3.connect(agree) as con:
         cuda = con.execute("SELECT count(*) FROM op_stats WHERE cuda_self_us > 0").fetchone()[0] > 0
         column = "cuda_self_us" if cuda else "cpu_self_us"
         ours = dict(con.execute(f"SELECT name, sum({column}) FROM op_stats WHERE name LIKE 'aten::%'"
                                 f" GROUP BY name ORDER BY sum({column}) DESC LIMIT 10").fetchall())
-    with sqlite3.connect(work / "hfnn.db") as con:
-        kernel_us = con.execute("SELECT sum(cuda_us) FROM kernel_stats").fetchone()[0]
-        busy_ms = con.execute("SELECT sum(gpu_busy_ms) FROM step_stats").fetchone()[0]
-    theirs = json.loads((work / "torch_ops.json").read_text())
-    table = []
+    theirs = runs["torch.profiler"][-1]["ops"]
+    top_ops = []
     for name, us in ours.items():
         ref = theirs.get(name, {}).get(column, 0.0)
-        table.append({"op": name, "hfnn_us": round(us, 1), "torch_profiler_us": round(ref, 1),
-                      "diff_pct": round(100 * abs(us - ref) / ref, 2) if ref else None})
-    diffs = [row["diff_pct"] for row in table if row["diff_pct"] is not None]
-    result = {
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "date": dt.date.today().isoformat(),
-        "example": args.example.name,
-        "steps": args.steps,
-        "time_basis": "cuda" if cuda else "cpu",
-        "plain_step_ms": round(plain, 3),
-        "hfnn_profile_step_ms": round(profiled, 3),
-        "torch_profiler_step_ms": round(torch_prof, 3),
-        "overhead_pct": round(100 * (profiled / plain - 1), 2),
-        "torch_profiler_overhead_pct": round(100 * (torch_prof / plain - 1), 2),
-        "plain_steps": args.plain_steps,
-        "reported_plain_step_ms": reported["plain_step_ms"] and round(reported["plain_step_ms"], 3),
-        "reported_profiler_cost_pct": reported["cost_pct"] and round(reported["cost_pct"], 2),
-        "reported_profiler_cost": reported["text"],
-        "example_plain_step_ms": example_plain and round(example_plain, 3),
-        "plain_step_agreement_pct": (round(100 * (reported["plain_step_ms"] / plain - 1), 2)
-                                     if reported["plain_step_ms"] else None),
-        "max_top_op_time_diff_pct": max(diffs) if diffs else None,
-        "kernel_sum_ms": round(kernel_us / 1e3, 3) if kernel_us else None,
-        "gpu_busy_ms": round(busy_ms, 3) if busy_ms else None,
-        "kernel_sum_vs_gpu_busy_pct": round(100 * (kernel_us / 1e3 / busy_ms - 1), 2) if kernel_us and busy_ms else None,
-        "db_bytes": os.path.getsize(work / "hfnn.db"),
-        "top_ops": table,
-    }
-    write_result(result, args.out)
+        top_ops.append({"op": name, "hfnn_us": round(us, 1), "torch_profiler_us": round(ref, 1),
+                        "diff_pct": round(100 * abs(us - ref) / ref, 2) if ref else None})
+    diffs = [row["diff_pct"] for row in top_ops if row["diff_pct"] is not None]
+
+    r3 = lambda v: None if v is None else round(v, 3)  # noqa: E731
+    plain = statistics.median(x["step_ms"] for x in runs["plain"])
+    meta = {"gpu": torch.cuda.get_device_name() if on_gpu else None, "torch": torch.__version__,
+            "date": dt.date.today().isoformat(), "example": f"{example}.py", "dtype": dtype,
+            "size": args.size, "steps": args.steps, "rounds": args.rounds}
+    records = []
+    for mode in modes:
+        step = statistics.median(x["step_ms"] for x in runs[mode])
+        rec = {**meta, "mode": mode, "step_ms": r3(step), "step_ms_runs": [r3(x["step_ms"]) for x in runs[mode]],
+               "overhead_pct": None if mode == "plain" else round(100 * (step / plain - 1), 2)}
+        if mode in hfnn_modes:
+            last = runs[mode][-1]
+            reported = [x["cost"]["plain_step_ms"] for x in runs[mode] if x["cost"]["plain_step_ms"]]
+            rep = statistics.median(reported) if reported else None
+            costs = [x["cost"]["cost_pct"] for x in runs[mode] if x["cost"]["cost_pct"] is not None]
+            ex_plain = [x["example_plain_step_ms"] for x in runs[mode] if x["example_plain_step_ms"]]
+            rec.update({
+                "plain_steps": args.plain_steps,
+                "reported_plain_step_ms": r3(rep),
+                "plain_step_agreement_pct": round(100 * (rep / plain - 1), 2) if rep else None,
+                "reported_profiler_cost_pct": round(statistics.median(costs), 2) if costs else None,
+                "reported_profiler_cost": last["cost"]["text"],
+                "example_plain_step_ms": r3(statistics.median(ex_plain)) if ex_plain else None,
+                "db_bytes": last["db_bytes"],
+                "kernel_sum_vs_gpu_busy_pct": (round(100 * (last["kernel_us"] / 1e3 / last["busy_ms"] - 1), 2)
+                                               if last["kernel_us"] and last["busy_ms"] else None)})
+            if mode == "hfnn":
+                rec.update({"time_basis": "cuda" if cuda else "cpu",
+                            "max_top_op_time_diff_pct": max(diffs) if diffs else None, "top_ops": top_ops})
+        records.append(rec)
+    return records
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", type=config, metavar="EXAMPLE:DTYPE",
+                    help="what to run (default: transformer:bfloat16 evoformer:bfloat16 evoformer:float32 on a "
+                         "GPU, transformer:float32 evoformer:float32 on a CPU)")
+    ap.add_argument("--mode", action="append", default=[], metavar="OPTIONS",
+                    help="one more hfnn mode: these `hfnn profile` options added (e.g. \"--sample 4\"); repeatable")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each mode, taken in turn")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps of each run")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    ap.add_argument("--plain-steps", type=int, default=10,
+                    help="steps the hfnn runs time after their recorded ones with collection off (the plain step)")
+    ap.add_argument("--size", choices=["auto", "full", "small"], default="auto")
+    ap.add_argument("--out", type=Path, help="write the JSON array here")
+    args = ap.parse_args()
+    if args.rounds < 1 or args.steps < 3:
+        ap.error("--rounds must be at least 1 and --steps at least 3")
+    hfnn = require_hfnn()
+
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    configs = args.configs or ([("transformer", "bfloat16"), ("evoformer", "bfloat16"), ("evoformer", "float32")]
+                               if on_gpu else [("transformer", "float32"), ("evoformer", "float32")])
+    if not on_gpu and any(d == "bfloat16" for _, d in configs):
+        ap.error("bfloat16 configs run under CUDA autocast: this machine has no CUDA device")
+    work = Path(tempfile.mkdtemp(prefix="hfnn-bench-profile-"))
+    records = []
+    for example, dtype in configs:
+        records += measure(example, dtype, args, hfnn, work, on_gpu)
+        if args.out:  # written after each config, so a cut-off run keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(records, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
+    for r in records:
+        extra = (f", reported plain {r['reported_plain_step_ms']} ms ({r['plain_step_agreement_pct']:+}%)"
+                 if r.get("reported_plain_step_ms") else "")
+        over = f" ({r['overhead_pct']:+.1f}%)" if r["overhead_pct"] is not None else ""
+        print(f"{r['example']} {r['dtype']} {r['mode']}: {r['step_ms']} ms{over}{extra}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "profiles/db.h"
 #include "profiles/report.h"
+#include "tuner/tune_db.h"
 
 namespace hfnn::cli {
 namespace {
@@ -273,6 +274,9 @@ int run_profile(const ProfileOptions& o) {
   try {
     profiles::Database db(o.db, true);
     const int64_t run = db.add_run(info, collected);
+    // The advice names the keys hfnn tune would time, with its projection where this database holds
+    // results for them (tuned before, on the same GPU).
+    const profiles::TuneFactsOf tune_facts = [](profiles::Database& d, int64_t id) { return tuner::tune_facts(d, id); };
     if (o.quiet || o.report == "none") {
       fmt::print("hfnn profile: run {} added to {}\n", run, o.db);
     } else if (o.report == "html") {
@@ -281,7 +285,7 @@ int run_profile(const ProfileOptions& o) {
       bool written = false;
       {
         std::ofstream out(tmp);
-        out << profiles::report_html(profiles::report_json(db, run));
+        out << profiles::report_html(profiles::report_json(db, run, 15, tune_facts));
         written = static_cast<bool>(out);
       }
       std::error_code ec;
@@ -294,7 +298,7 @@ int run_profile(const ProfileOptions& o) {
         fmt::print("\nhfnn profile: run {} added to {}; report: {}\n", run, o.db, page);
       }
     } else {
-      const auto report = profiles::report_json(db, run);
+      const auto report = profiles::report_json(db, run, 15, tune_facts);
       fmt::print("\n{}", o.report == "json" ? report.dump(2) + "\n" : profiles::report_text(report));
       fmt::print("\nRun {} added to {} ({} process{}).\n", run, o.db, collected.size(), collected.size() == 1 ? "" : "es");
     }

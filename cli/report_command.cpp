@@ -32,8 +32,12 @@ int run_report(const ReportOptions& o) {
       fmt::print(stderr, "hfnn report: {} holds no runs yet (run `hfnn profile` first)\n", o.db);
       return 1;
     }
-    auto report = profiles::report_json(db, o.run);
-    report["tune"] = tuner::tune_summary(db, tuner::load_profiled_run(db, report["run"]["id"].get<int64_t>()));
+    // The tune section and the advice's view of hfnn tune come from one read of the tuner's tables.
+    nlohmann::json tune;
+    auto report = profiles::report_json(db, o.run, 15, [&tune](profiles::Database& d, int64_t run) {
+      return tuner::tune_facts(d, run, &tune);
+    });
+    report["tune"] = tune;
     const std::string text = o.format == "json"   ? report.dump(2) + "\n"
                              : o.format == "csv"  ? profiles::report_csv(report)
                              : o.format == "html" ? profiles::report_html(report)

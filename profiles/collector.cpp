@@ -1,9 +1,11 @@
 #include "profiles/collector.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/library.h>
+#include <torch/version.h>
 #include <unistd.h>
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -19,6 +21,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "profiles/advice.h"
 #include "profiles/gpu_join.h"
 
 #define HFNN_GPU_ACTIVITY (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
@@ -105,30 +109,64 @@ double ns_per_tick() {
 // recorded in the dtype it computes in (autocast's under autocast: lstm_compute_dtype).
 // nn.MultiheadAttention is no single op: the start-up hook wraps its forward in a record_function
 // scope named "hfnn.shape|<op>|<shape>|<dtype>|<settings>" (kScope).
-enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope };
+// Two more are recorded for the report's advice only, never tuned (profiles/advice.h,
+// kAdviceShapeOps): GEMMs (kGemm: M, N, K, dtype, TF32 allowed) and copies from a CUDA tensor into a
+// CPU one (kCopy: the host waits for the GPU).
+enum class Tunable { kNone, kLayerNormFwd, kLayerNormBwd, kLstm, kScope, kGemm, kCopy };
 constexpr std::string_view kShapeScope = "hfnn.shape|";
+
+// The GEMM ops, and where their first matrix operand is: mm(a, b), bmm(a, b), addmm(c, a, b),
+// baddbmm(c, a, b), _addmm_activation(c, a, b). aten::linear and aten::matmul reach one of them.
+constexpr std::pair<std::string_view, size_t> kGemmOps[] = {
+    {"aten::mm", 0}, {"aten::addmm", 1}, {"aten::bmm", 0}, {"aten::baddbmm", 1}, {"aten::_addmm_activation", 1}};
 
 Tunable tunable(std::string_view name) {
   if (name == "aten::native_layer_norm" || name == "hfnn::layer_norm") return Tunable::kLayerNormFwd;
   if (name == "aten::native_layer_norm_backward" || name == "hfnn::layer_norm_bwd") return Tunable::kLayerNormBwd;
   if (name == "aten::lstm") return Tunable::kLstm;
   if (name.rfind(kShapeScope, 0) == 0) return Tunable::kScope;
+  if (name == "aten::copy_") return Tunable::kCopy;
+  for (const auto& [gemm, at] : kGemmOps)
+    if (name == gemm) return Tunable::kGemm;
   return Tunable::kNone;
 }
 
 // Inputs are boxed (copied into IValues, which torch does for every op of a record whose
 // callbacks ask for them) only inside the records that hold the ops whose shapes are read: boxing
-// every op was a third of the observer's cost per op (bench/collector_cost.py). aten::layer_norm
-// holds native_layer_norm (F.layer_norm, nn.LayerNorm, custom modules calling either), the
-// autograd node NativeLayerNormBackward0 its backward, hfnn's LayerNorm ops torch's kernels when
-// they fall back to them (their own shapes they tell the collector themselves: note_layer_norm),
-// and a user scope "hfnn.inputs..." whatever the start-up hook wraps in it (torch's LSTM, called
-// from Python). A native_layer_norm or lstm called otherwise records no shape.
+// every op was a third of the observer's cost per op (bench/collector_cost.py). torch decides it
+// per record before any callback sees the record's name, so it cannot be asked for by op name: the
+// collector asks for the records begun inside these (begin_inputs):
+// - LayerNorm: aten::layer_norm holds native_layer_norm (F.layer_norm, nn.LayerNorm, custom
+//   modules calling either), the autograd node NativeLayerNormBackward0 its backward, hfnn's
+//   LayerNorm ops torch's kernels when they fall back to them (their own shapes they tell the
+//   collector themselves: note_layer_norm).
+// - GEMMs, for the advice: aten::linear (nn.Linear, F.linear), aten::matmul (torch.matmul, @),
+//   aten::einsum, aten::bilinear and aten::tensordot hold the mm/addmm/bmm they run; the GEMM
+//   backward nodes (MmBackward0, ...) those of the gradients; the MultiheadAttention scope
+//   ("hfnn.shape|...") the bmm/baddbmm its need_weights path calls itself.
+// - Copies to the host, for the advice, in processes with a CUDA device only (on the CPU there
+//   are none): aten::to and aten::_to_copy hold the copy_ of .cpu(), .to("cpu") and .tolist(),
+//   when called from Python (no op around them: host_copy_boxes), not the casts autocast and
+//   other ops make inside their own records, which are most of them.
+// - A user scope "hfnn.inputs..." whatever the start-up hook wraps in it (torch's LSTM, called
+//   from Python).
+// An op called otherwise (a native_layer_norm, lstm, torch.mm, bmm or addmm called directly from
+// Python, a cpu_tensor.copy_(cuda_tensor)) records no shape.
 constexpr std::string_view kInputsScope = "hfnn.inputs";
+constexpr std::string_view kBoxingRecords[] = {
+    "aten::layer_norm", "NativeLayerNormBackward0", "hfnn::layer_norm", "hfnn::layer_norm_bwd",
+    "aten::linear", "aten::matmul", "aten::einsum", "aten::bilinear", "aten::tensordot",
+    "MmBackward0", "AddmmBackward0", "BmmBackward0", "BaddbmmBackward0", "AddmmActivationBackward0"};
+constexpr std::string_view kHostCopyBoxingRecords[] = {"aten::to", "aten::_to_copy"};
 
 bool boxes_inputs(std::string_view name) {
-  return name == "aten::layer_norm" || name == "NativeLayerNormBackward0" || name == "hfnn::layer_norm" ||
-         name == "hfnn::layer_norm_bwd" || name.rfind(kInputsScope, 0) == 0;
+  if (name.rfind(kInputsScope, 0) == 0 || name.rfind(kShapeScope, 0) == 0) return true;
+  return std::find(std::begin(kBoxingRecords), std::end(kBoxingRecords), name) != std::end(kBoxingRecords);
+}
+
+bool boxes_host_copies(std::string_view name, bool cuda_device) {
+  return cuda_device && std::find(std::begin(kHostCopyBoxingRecords), std::end(kHostCopyBoxingRecords), name) !=
+                            std::end(kHostCopyBoxingRecords);
 }
 
 std::string sizes_string(c10::IntArrayRef sizes) {
@@ -238,6 +276,72 @@ std::optional<ShapeKey> lstm_shape(const at::RecordFunction& fn) {
   return key;
 }
 
+// Whether cuBLAS may run a float32 GEMM in TF32 now (torch.backends.cuda.matmul.fp32_precision =
+// "tf32", or allow_tf32 = True, or float32_matmul_precision "high"/"medium"): what it reads when it
+// runs one. torch 2.11's legacy getter throws where a script mixed the two APIs; this one does not.
+bool tf32_allowed() {
+  try {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+    return !at::NoTF32Guard::should_disable_tf32() &&
+           at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+               at::Float32Precision::TF32;
+#else
+    return !at::NoTF32Guard::should_disable_tf32() && at::globalContext().allowTF32CuBLAS();
+#endif
+  } catch (const c10::Error&) {  // never throw from an observer
+    return false;
+  }
+}
+
+// A GEMM as "[M,N,K]" (a [M,K] times b [K,N], batched: [B,M,K] times [B,K,N]) in the first
+// operand's dtype, phase by where it ran, flags "op=addmm", ",batch=B" where batched and, in
+// float32, ",tf32=0|1". Shapes only: no tensor is read.
+std::optional<ShapeKey> gemm_shape(const at::RecordFunction& fn, std::string_view name, bool backward) {
+  size_t a_at = 0;
+  for (const auto& [gemm, at] : kGemmOps)
+    if (name == gemm) a_at = at;
+  const auto inputs = fn.inputs();
+  if (inputs.size() < a_at + 2 || !inputs[a_at].isTensor() || !inputs[a_at + 1].isTensor()) return std::nullopt;
+  const at::Tensor& a = inputs[a_at].toTensor();
+  const at::Tensor& b = inputs[a_at + 1].toTensor();
+  if (!a.defined() || !b.defined() || a.is_nested() || b.is_nested() || a.dim() != b.dim() || a.dim() < 2 ||
+      a.dim() > 3)
+    return std::nullopt;
+  // Symbolic sizes (torch.compile tracing with dynamic shapes) have no numbers to record.
+  if (a.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || b.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return std::nullopt;
+  ShapeKey key;
+  key.op = kGemmShapeOp;
+  key.shape = fmt::format("[{},{},{}]", a.size(-2), b.size(-1), a.size(-1));
+  key.dtype = dtype_name(a.scalar_type());
+  key.phase = backward ? "bwd" : "fwd";
+  key.flags = fmt::format("op={}{}{}", name.substr(name.find("::") + 2),
+                          a.dim() == 3 ? fmt::format(",batch={}", a.size(0)) : std::string(),
+                          a.scalar_type() == c10::kFloat ? (tf32_allowed() ? ",tf32=1" : ",tf32=0") : "");
+  return key;
+}
+
+// aten::copy_(self, src, non_blocking) from a CUDA tensor into a CPU one, which .cpu(), .tolist(),
+// .numpy() after .cpu() and printing a CUDA tensor run: "[sizes]" of the source, its dtype, flags
+// "non_blocking=0|1" (0: the host waits for the GPU to finish everything queued before the copy).
+// Every other copy_ (casts, device-to-device, host-to-device) records nothing.
+std::optional<ShapeKey> host_copy_shape(const at::RecordFunction& fn, bool backward) {
+  const auto inputs = fn.inputs();
+  if (inputs.size() < 2 || !inputs[0].isTensor() || !inputs[1].isTensor()) return std::nullopt;
+  const at::Tensor& dst = inputs[0].toTensor();
+  const at::Tensor& src = inputs[1].toTensor();
+  if (!dst.defined() || !src.defined() || !dst.is_cpu() || !src.is_cuda() || src.is_nested() ||
+      src.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return std::nullopt;
+  ShapeKey key;
+  key.op = kHostCopyShapeOp;
+  key.shape = sizes_string(src.sizes());
+  key.dtype = dtype_name(src.scalar_type());
+  key.phase = backward ? "bwd" : "fwd";
+  key.flags = fmt::format("non_blocking={}", int(inputs.size() > 2 && inputs[2].isBool() && inputs[2].toBool()));
+  return key;
+}
+
 // "hfnn.shape|op|shape|dtype|settings" -> the shape record, forward.
 std::optional<ShapeKey> scope_shape(std::string_view name) {
   name.remove_prefix(kShapeScope.size());
@@ -263,6 +367,7 @@ enum NameFlag : uint8_t {
   kStepRecord = 1 << 1,     // torch.optim's "Optimizer.step#...": a step boundary at its end
   kLabel = 1 << 2,          // hfnn's own scopes (shape, inputs): no op row of their own
   kBoxesInputs = 1 << 3,    // the ops inside it have their inputs boxed (boxes_inputs)
+  kBoxesHostCopies = 1 << 4,  // likewise where called from Python (boxes_host_copies)
 };
 constexpr std::string_view kOptimizerStep = "Optimizer.step#";
 
@@ -312,6 +417,7 @@ struct Frame {
   OpTotals* op = nullptr;  // null: a label, or a record begun while not recording
   bool backward = false;   // inside backward work
   bool backward_node = false;
+  bool user_scope = false;  // a record_function scope (Optimizer.step#, hfnn's labels, the script's own)
   bool inputs = false;     // turned input boxing on for the records inside it
   uint64_t id = 0, parent = 0;  // on a GPU: the external correlation id pushed for it (0: none)
   std::unique_ptr<ShapeKey> shape;
@@ -385,7 +491,8 @@ struct State {
   std::vector<double> step_gpu_ms;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> step_intervals;
   size_t settled_steps = 0;  // the steps before it are settled (with --steps 0 a run may have thousands)
-  bool gpu = false;  // CUPTI records are being collected
+  bool cuda_device = false;  // the process has a CUDA device (copies to the host are possible)
+  bool gpu = false;          // CUPTI records are being collected
   bool cupti_checked = false;  // the first records came with their correlations
   GpuJoin join;
   std::vector<GpuRecord> drained_records;  // reused between drains
@@ -480,6 +587,7 @@ ThreadData* thread_data() {
       if (text.rfind(kOptimizerStep, 0) == 0) n.flags |= kStepRecord;
       if (text.rfind(kShapeScope, 0) == 0 || text.rfind(kInputsScope, 0) == 0) n.flags |= kLabel;
       if (boxes_inputs(text)) n.flags |= kBoxesInputs;
+      if (boxes_host_copies(text, s.cuda_device)) n.flags |= kBoxesHostCopies;
     }
     info = &it->second;
   }
@@ -552,6 +660,12 @@ void end_inputs(ThreadData& t) {
   if (t.inputs_depth == 0 || --t.inputs_depth > 0) return;
   if (t.inputs_callback) at::removeCallback(t.inputs_callback);  // safe inside a callback: records keep theirs
   t.inputs_callback = 0;
+}
+
+// Whether the record just begun (the stack's top) was called from Python: no op record around it,
+// at most a record_function scope.
+bool called_from_python(const ThreadData& t) {
+  return t.stack.size() < 2 || t.stack[t.stack.size() - 2].user_scope;
 }
 
 void add_call(ThreadData& t, const GpuJoin::Call& call) {
@@ -939,6 +1053,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   f.backward_node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION || (info.flags & kEngineRecord);
   if (f.backward_node) ++t.backward_depth;
   f.backward = t.backward_depth > 0;
+  f.user_scope = fn.scope() == at::RecordScope::USER_SCOPE;
   State& s = state();
   if (s.recording.load(std::memory_order_relaxed)) {
     t.records.add(1);
@@ -948,13 +1063,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       std::optional<ShapeKey> shape;
       if (info.tunable == Tunable::kLstm) shape = lstm_shape(fn);
       else if (info.tunable == Tunable::kScope) shape = scope_shape(*info.name);
+      else if (info.tunable == Tunable::kGemm) shape = gemm_shape(fn, *info.name, f.backward);
+      else if (info.tunable == Tunable::kCopy) shape = host_copy_shape(fn, f.backward);
       else shape = layer_norm_shape(fn, info.tunable);  // hfnn's own ops: note_layer_norm
       if (shape) {
         f.shape = std::make_unique<ShapeKey>(std::move(*shape));
         keep_innermost(t, f);
       }
     }
-    if (info.flags & kBoxesInputs) {
+    if ((info.flags & kBoxesInputs) || ((info.flags & kBoxesHostCopies) && called_from_python(t))) {
       f.inputs = true;
       begin_inputs(t);
     }
@@ -1067,8 +1184,9 @@ void start(const std::string& config_json) {
   }
   s.last_boundary_ns = now_ns();
   calibrate_ticks();
+  s.cuda_device = !s.meta.value("gpu", nlohmann::json()).is_null();
 #if HFNN_GPU_ACTIVITY
-  if (!s.meta.value("gpu", nlohmann::json()).is_null()) {
+  if (s.cuda_device) {
     std::string why;
     s.gpu = CuptiActivity::start(&why);
     s.meta["cupti"] = s.gpu ? "on" : why;

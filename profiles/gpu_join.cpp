@@ -63,7 +63,7 @@ void GpuJoin::add(const std::vector<GpuRecord>& records, const std::vector<Corre
     }
     ++attributed;
     const int64_t ns = static_cast<int64_t>(r.end_ns - r.start_ns);
-    KernelTotals* kernel = nullptr;
+    Kernel* kernel = nullptr;
     if (const auto it = kernel_by_name_ptr_.find(r.name);
         it != kernel_by_name_ptr_.end() && std::strcmp(it->second.first->c_str(), r.name) == 0) {
       kernel = it->second.second;
@@ -77,17 +77,18 @@ void GpuJoin::add(const std::vector<GpuRecord>& records, const std::vector<Corre
     if (call->op) call->op->self_ns += ns;
     if (step_intervals && call->step >= 0 && call->step < static_cast<int>(step_intervals->size()))
       (*step_intervals)[call->step].emplace_back(static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns));
+    // An op nested in itself counts once; so does a shape row, and every one around the kernel gets
+    // it (a GEMM's kernel inside an attention call counts for the GEMM and the attention key).
     seen_.clear();
-    bool shape_done = false;
+    auto add_total = [&](CudaTime* to) {
+      if (to && std::find(seen_.begin(), seen_.end(), to) == seen_.end()) {
+        seen_.push_back(to);
+        to->total_ns += ns;
+      }
+    };
     for (const Call* it = call; it; it = it->parent ? find(it->parent) : nullptr) {
-      if (it->op && std::find(seen_.begin(), seen_.end(), it->op) == seen_.end()) {
-        seen_.push_back(it->op);
-        it->op->total_ns += ns;
-      }
-      if (it->shape && !shape_done) {
-        it->shape->total_ns += ns;
-        shape_done = true;
-      }
+      add_total(it->op);
+      add_total(it->shape);
     }
   }
 }

@@ -25,15 +25,16 @@ struct CudaTime {
   int64_t self_ns = 0, total_ns = 0;
 };
 
-struct KernelTotals {
-  int64_t calls = 0, ns = 0;
-};
-
 class GpuJoin {
  public:
   // One op call, with the id the collector pushed as its external correlation id: the totals its
   // kernels add to (null: a label such as a shape scope, not an op row), the shape row it records
   // (null: none), the enclosing call's id (0: none) and the recorded step it ran in.
+  // A kernel's launches and CUDA time (ns) in the recorded steps.
+  struct Kernel {
+    int64_t calls = 0, ns = 0;
+  };
+
   struct Call {
     uint64_t id = 0;
     CudaTime* op = nullptr;
@@ -49,12 +50,14 @@ class GpuJoin {
   void forget_before(uint64_t first_id);
   void add_call(const Call& call);
   // Hands CUDA records to the calls that launched them: self time to the call's op, total time to
-  // it and every enclosing op (an op nested in itself counts once), to the innermost shape row on
-  // the way, and the record's interval to its step's busy time (step_intervals[step], when there).
+  // it and every enclosing op (an op nested in itself counts once), to every shape row on the way
+  // (once each: the collector keeps only the innermost row of an op and phase, so rows around a
+  // kernel are of different ops, a GEMM's inside an attention key's), and the record's interval to
+  // its step's busy time (step_intervals[step], when there).
   void add(const std::vector<GpuRecord>& records, const std::vector<Correlation>& correlations,
            std::vector<std::vector<std::pair<int64_t, int64_t>>>* step_intervals);
 
-  const std::map<std::string, KernelTotals>& kernels() const { return kernels_; }
+  const std::map<std::string, Kernel>& kernels() const { return kernels_; }
   size_t calls_kept() const;
   // What happened to the records: drained, correlations, attributed, launched outside any recorded
   // op (no correlation), or by a call no longer (or never) kept (no op).
@@ -66,10 +69,10 @@ class GpuJoin {
   std::deque<Call> calls_;  // calls_[i] is the call with id base_ + i (id 0: not seen)
   uint64_t base_ = 1;
   std::vector<std::pair<uint32_t, uint64_t>> correlation_;  // CUDA correlation id -> call id, sorted
-  std::map<std::string, KernelTotals> kernels_;
+  std::map<std::string, Kernel> kernels_;
   // CUPTI's name strings live as long as the process: by their address first, then by text.
-  std::unordered_map<const char*, std::pair<const std::string*, KernelTotals*>> kernel_by_name_ptr_;
-  std::vector<const CudaTime*> seen_;  // the ops one record's total went to (reused)
+  std::unordered_map<const char*, std::pair<const std::string*, Kernel*>> kernel_by_name_ptr_;
+  std::vector<const CudaTime*> seen_;  // the ops and shape rows one record's total went to (reused)
 };
 
 }  // namespace hfnn::profiles

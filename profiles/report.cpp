@@ -13,7 +13,7 @@
 
 namespace hfnn::profiles {
 
-nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
+nlohmann::json report_json(Database& db, int64_t run_id, int top_ops, const TuneFactsOf& tune_facts) {
   if (run_id == 0) run_id = db.latest_run();
   Statement run(db.handle(),
                 "SELECT id, command, started_at, exit_code, world_size, warmup, steps_requested, steps_recorded, torch,"
@@ -178,7 +178,7 @@ nlohmann::json report_json(Database& db, int64_t run_id, int top_ops) {
   }
   r["shapes"] = shape_rows;
   // What to do about it: profiles/advice.h's rules on this run's numbers.
-  r["advice"] = advice_json(advise(read_run_facts(db, run_id)));
+  r["advice"] = advice_json(advise(read_run_facts(db, run_id, tune_facts)));
   r["advice_rules"] = advice_rule_ids();
   return r;
 }

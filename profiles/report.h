@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "profiles/advice.h"
 #include "profiles/db.h"
 #include "profiles/kernel_names.h"
 
@@ -20,7 +21,9 @@ inline constexpr std::pair<const char*, const char*> kModuleShapeOps[] = {
 // categories, advice (profiles/advice.h: actions with their evidence and saving) and the ids of
 // the rules checked (advice_rules), kernels (each with its demangled `name`, the `short_name` the tables show, the
 // `raw_name` the database keeps, its `category` and `library`: profiles/kernel_names.h), shapes.
-nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15);
+// `tune_facts`, where given (the CLI gives the tuner's, tuner::tune_facts), adds what `hfnn tune`
+// knows of the run to the advice.
+nlohmann::json report_json(Database& db, int64_t run_id, int top_ops = 15, const TuneFactsOf& tune_facts = nullptr);
 // The same as text for a terminal (with the tune section when the report has one).
 std::string report_text(const nlohmann::json& report);
 // The same as one CSV table for scripts: a row per op, kernel, shape and rank's steps, the

@@ -7,7 +7,8 @@
 #   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
 #   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
-#   bench-profile  bench/profiler_cost.py: the profiler's overhead and agreement with torch.profiler
+#   bench-profile  bench/profiler_cost.py: the profiler's overhead and agreement with torch.profiler on
+#             the bf16 examples and the fp32 Evoformer ($BENCH_PROFILE_ARGS adds options)
 #   torchrun  `hfnn profile -- torchrun` of the Evoformer example on every GPU (NCCL): one DB
 #   tune-bench  bench/tune.py: hfnn tune's time per key and the stability of its winners
 #   overhead  bench/dispatch_overhead.py: HFNN_DISPATCH_DB's CPU cost per LayerNorm call
@@ -134,8 +135,10 @@ if want profile && [ -f examples/evoformer.py ]; then
   ls -l "$OUT/shapes.db"
 fi
 if want bench-profile; then
-  # The profiler's cost and its agreement with torch.profiler (bench/profiler_cost.py), one JSON.
-  python3 bench/profiler_cost.py --out "$OUT/profile-$gpu.json" > "$OUT/bench-profile.log" 2>&1 || status=1
+  # The profiler's cost and its agreement with torch.profiler (bench/profiler_cost.py), one JSON
+  # array, written after each config ($BENCH_PROFILE_ARGS: other configs, --mode, --rounds).
+  timeout ${BENCH_PROFILE_TIMEOUT:-560} python3 bench/profiler_cost.py --out "$OUT/profile-$gpu.json" \
+    ${BENCH_PROFILE_ARGS:-} > "$OUT/bench-profile.log" 2>&1 || status=1
   tail -20 "$OUT/bench-profile.log"
 fi
 if want torchrun; then

@@ -855,11 +855,14 @@ bool autocast_on(c10::DeviceType device) {
   return at::autocast::is_autocast_available(device) && at::autocast::is_autocast_enabled(device);
 }
 
-// The dtype the op computes a call in: autocast's where it is on for the query's device, else the
+// The dtype the op computes a call in: autocast's where it is on for the query's device and casts
+// the query (autocast casts floating tensors other than float64, as its cached_cast does), else the
 // query's own.
 at::ScalarType compute_dtype(const at::Tensor& query) {
   const c10::DeviceType device = query.device().type();
-  return autocast_on(device) ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
+  const bool cast = autocast_on(device) && at::isFloatingType(query.scalar_type()) &&
+                    query.scalar_type() != at::kDouble;
+  return cast ? at::autocast::get_autocast_dtype(device) : query.scalar_type();
 }
 
 // ---- the composite paths: ATen ops that autograd differentiates one by one, and autocast casts one by one
@@ -1131,8 +1134,9 @@ std::tuple<at::Tensor, at::Tensor, std::string> multi_head_attention_dispatch(
   switch (check_masks(query, batch, q_len, kv_len, num_heads, kpm, am, is_causal, weights, true, spec)) {
     case MaskIssue::kNone: break;
     case MaskIssue::kInvalid:
-      TORCH_CHECK(!untuned_runs_op, spec.message);  // hfnn's module: torch's message; torch's module raises its own
-      return torch_module(dispatch::Fallback::kMask);
+      // torch's module raises its own error (some are AssertionErrors, which an op cannot raise): it
+      // runs, for hfnn's module too, and the call is not counted.
+      return Out{at::Tensor(), at::Tensor(), dispatch::fallback_name(dispatch::Fallback::kMask)};
     case MaskIssue::kNotTaken: return torch_module(dispatch::Fallback::kMask);
     case MaskIssue::kGrad: return torch_module(dispatch::Fallback::kMaskGrad);
   }

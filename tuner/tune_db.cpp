@@ -11,6 +11,7 @@
 
 #include "kernels/common/family.h"
 #include "profiles/plain_step.h"
+#include "profiles/report.h"
 
 namespace hfnn::tuner {
 namespace {
@@ -37,6 +38,12 @@ bool has_table(profiles::Database& db, const char* name) {
 }
 
 bool tunable(const std::string& op) { return families::find(op) != nullptr; }
+
+// Shapes the collector records for the report's advice only: no family will tune them.
+bool advice_only(const std::string& op) {
+  return std::find(std::begin(profiles::kAdviceShapeOps), std::end(profiles::kAdviceShapeOps), op) !=
+         std::end(profiles::kAdviceShapeOps);
+}
 
 }  // namespace
 
@@ -136,9 +143,12 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
     const int64_t op_fwd_calls = fwd_calls_of_op[k.op];
     k.run_pct = op_fwd_calls > 0 ? 100.0 * k.fwd_calls / op_fwd_calls : 0.0;
     // The basis of basis_ms(), over every recorded step: the plain step stands for each of them.
-    const double basis_total_ms = r.on_plain()       ? r.plain_step_ms * static_cast<double>(step_rows)
-                                  : r.on_gpu_busy() ? busy_total_ms
-                                                    : wall_total_ms;
+    // CPU times (no CUDA activity) were measured under the profiler, which stretches them as it
+    // stretches the step: their share is of the recorded steps' wall time, not of the plain step's.
+    const double basis_total_ms = r.time_basis == "cpu" ? wall_total_ms
+                                  : r.on_plain()       ? r.plain_step_ms * static_cast<double>(step_rows)
+                                  : r.on_gpu_busy()    ? busy_total_ms
+                                                       : wall_total_ms;
     k.share_pct = basis_total_ms > 0 ? 100.0 * k.time_us / 1e3 / basis_total_ms : 0.0;
     r.keys.push_back(k);
   }
@@ -149,7 +159,8 @@ ProfiledRun load_profiled_run(profiles::Database& db, int64_t run) {
                              " WHERE run_id = ? GROUP BY op ORDER BY op");
     s.bind(1, r.id);
     while (s.step())
-      if (!tunable(s.column_text(0))) r.untunable.emplace_back(s.column_text(0), s.column_int(1));
+      if (!tunable(s.column_text(0)) && !advice_only(s.column_text(0)))
+        r.untunable.emplace_back(s.column_text(0), s.column_int(1));
   }
   return r;
 }
@@ -310,6 +321,48 @@ nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run) {
     out["envs"].push_back(e);
   }
   return out;
+}
+
+profiles::TuneFacts tune_facts(profiles::Database& db, int64_t run_id, nlohmann::json* summary_out) {
+  const ProfiledRun run = load_profiled_run(db, run_id);
+  const nlohmann::json summary = tune_summary(db, run);
+  profiles::TuneFacts t;
+  t.basis = run.basis();
+  t.basis_ms = run.basis_ms();
+  std::string gpu, capability;
+  {
+    Statement s(db.handle(), "SELECT coalesce(gpu, ''), coalesce(compute_capability, '') FROM runs WHERE id = ?");
+    s.bind(1, run.id);
+    if (s.step()) {
+      gpu = s.column_text(0);
+      capability = s.column_text(1);
+    }
+  }
+  // Winners apply on the GPU they were measured on: the newest environment of the run's GPU.
+  const nlohmann::json* env = nullptr;
+  for (const auto& e : summary["envs"])
+    if (!gpu.empty() && e["env"].value("gpu", "") == gpu && e["env"].value("compute_capability", "") == capability)
+      env = &e;
+  if (env) {
+    t.env = (*env)["env"];
+    t.projection = env->value("projection", nlohmann::json());
+  }
+  std::map<std::string, std::vector<KeySaving>> savings;  // per op
+  for (const auto& k : run.keys) {
+    profiles::TuneKey key{k.op, profiles::key_label(k.op, k.key), k.dtype, k.share_pct, k.share_pct / 100 * t.basis_ms, {}};
+    if (env)
+      for (const auto& row : (*env)["rows"])
+        if (row["op"] == k.op && row["key"] == k.key && row["dtype"] == k.dtype) {
+          key.winners.push_back(row["winner"].get<std::string>());
+          savings[k.op].push_back({row["calls_per_step"].get<double>(), row["torch_us"].get<double>(),
+                                   row["best_us"].get<double>()});
+        }
+    t.keys.push_back(std::move(key));
+  }
+  if (t.basis_ms > 0)
+    for (const auto& [op, s] : savings) t.saved_ms_by_op[op] = project(t.basis_ms, s).saved_ms;
+  if (summary_out) *summary_out = summary;
+  return t;
 }
 
 }  // namespace hfnn::tuner

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "profiles/advice.h"
 #include "profiles/db.h"
 #include "tuner/tuner.h"
 
@@ -84,5 +85,12 @@ void store(profiles::Database& db, int64_t env, const std::string& op, const std
 // "projection": {...}}]}; {"envs": []} when nothing was tuned.
 nlohmann::json tune_summary(profiles::Database& db, const ProfiledRun& run);
 // (Its text form is profiles::tune_text, beside the other report renderers.)
+
+// What the reports' advice needs of the tuner (profiles/advice.h's TuneFacts): run `run`'s keys with
+// their shares and, where they were tuned on the run's GPU (the newest environment with its name and
+// compute capability), their winners and the projection, over every tuned key (tune_summary's) and
+// per op (project() over that op's keys). `summary`, where given, receives tune_summary's JSON.
+// Throws profiles::DbError as load_profiled_run does.
+profiles::TuneFacts tune_facts(profiles::Database& db, int64_t run, nlohmann::json* summary = nullptr);
 
 }  // namespace hfnn::tuner

@@ -44,6 +44,20 @@ constexpr BwdVariant bwd_wide(std::string_view name) {
           &bwd_wide_supports<kCluster, kSmem>, &bwd_wide_workspace<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>};
 }
 
+template <int kTpr>
+constexpr FwdVariant fwd_window(std::string_view name) {
+  return {name, "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead",
+          &fwd_window_supports<kTpr>, &fwd_window_run<kTpr>};
+}
+
+template <int kTpr>
+constexpr BwdVariant bwd_window(std::string_view name) {
+  return {name,
+          "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead, "
+          "dgamma/dbeta in registers",
+          &bwd_window_supports<kTpr>, &bwd_window_workspace<kTpr>, &bwd_window_run<kTpr>};
+}
+
 constexpr std::array kFwd = {
     fwd_regs<4, 1>("fwd_regs_tpr4"),
     fwd_regs<8, 1>("fwd_regs_tpr8"),
@@ -60,6 +74,10 @@ constexpr std::array kFwd = {
     fwd_wide<4>("fwd_wide_c4"),
     fwd_wide<8>("fwd_wide_c8"),
     fwd_wide<16>("fwd_wide_c16"),
+    fwd_window<4>("fwd_win_tpr4"),
+    fwd_window<8>("fwd_win_tpr8"),
+    fwd_window<16>("fwd_win_tpr16"),
+    fwd_window<32>("fwd_win_tpr32"),
 };
 
 constexpr std::array kBwd = {
@@ -83,6 +101,10 @@ constexpr std::array kBwd = {
     bwd_wide<4, true>("bwd_wide_c4_smem"),
     bwd_wide<8, true>("bwd_wide_c8_smem"),
     bwd_wide<16, true>("bwd_wide_c16_smem"),
+    bwd_window<4>("bwd_win_tpr4"),
+    bwd_window<8>("bwd_win_tpr8"),
+    bwd_window<16>("bwd_win_tpr16"),
+    bwd_window<32>("bwd_win_tpr32"),
 };
 
 }  // namespace

@@ -31,6 +31,14 @@ template <int kCluster, bool kSmemSums> bool bwd_wide_supports(const BwdParams& 
 template <int kCluster, bool kSmemSums> std::size_t bwd_wide_workspace(const BwdParams& p);
 template <int kCluster, bool kSmemSums> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream);
 
+// Rows not 16-byte aligned, read and written through their 16-byte-aligned windows: kTpr threads a
+// row as in *_regs, blocks taking rows of one lead (layer_norm_window.cu).
+template <int kTpr> bool fwd_window_supports(const FwdParams& p);
+template <int kTpr> cudaError_t fwd_window_run(const FwdParams& p, cudaStream_t stream);
+template <int kTpr> bool bwd_window_supports(const BwdParams& p);
+template <int kTpr> std::size_t bwd_window_workspace(const BwdParams& p);
+template <int kTpr> cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream);
+
 // The persistent backward variants' last step: dgamma and dbeta from the [2][grid][cols] float
 // partials in the workspace, summed in a fixed order (layer_norm_bwd.cu).
 cudaError_t reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream);

@@ -6,10 +6,10 @@ With HFNN_DISPATCH_DB it loads the tuned table (hfnn._dispatch.install). With HF
 it starts hfnn's in-process collector (profiles/collector.cpp), passes it what the database
 records about the run, and makes sure the part is written however the script ends: normal exit,
 an exception, Ctrl-C or SIGTERM (each step also rewrites it, so even a crash leaves the steps
-finished before it). Its Python-side labels (the MultiheadAttention and hfnn.nn.LSTM scopes, and
-the one around torch's LSTM that lets the collector read its inputs) come off at the first step
-after the recorded ones (after_step), so the plain steps the collector times then, and every step
-after, run as without hfnn.
+finished before it). Its Python-side labels (the MultiheadAttention, hfnn.nn.LSTM and
+synchronize scopes, and the one around torch's LSTM that lets the collector read its inputs) come
+off at the first step after the recorded ones (after_step), so the plain steps the collector times
+then, and every step after, run as without hfnn.
 """
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def _meta() -> dict:
 
 
 def _compute_dtype(torch, t):
-    """The dtype an op computes `t` in: autocast's where autocast is on for its device (as hfnn's
-    attention op casts once), else its own."""
+    """The dtype an op computes `t` in: autocast's where autocast is on for its device and casts it
+    (floating, not float64: autocast's own rule; hfnn's attention op casts once), else its own."""
     try:
-        if t.is_floating_point() and torch.is_autocast_enabled(t.device.type):
+        if t.is_floating_point() and t.dtype != torch.float64 and torch.is_autocast_enabled(t.device.type):
             return torch.get_autocast_dtype(t.device.type)
     except (AttributeError, TypeError, RuntimeError):  # a device type autocast does not know
         pass
@@ -136,6 +136,29 @@ def _box_lstm_inputs(torch):
     return lambda: _VF.__dict__.pop("lstm", None)
 
 
+def _record_syncs(torch):
+    """Wraps torch.cuda.synchronize, torch.cuda.Stream.synchronize and torch.cuda.Event.synchronize in
+    record_function scopes of those names: the host waits for the GPU in each, and no torch op runs
+    in them, so without the scope the profile would not see them (the advice's host_device_sync
+    counts them). Only in profiled processes."""
+    import functools
+
+    undo = []
+    for owner, attr, label in ((torch.cuda, "synchronize", "torch.cuda.synchronize"),
+                               (torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize"),
+                               (torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize")):
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def synchronize(*args, _original=original, _label=label, **kwargs):
+            with torch.autograd.profiler.record_function(_label):
+                return _original(*args, **kwargs)
+
+        setattr(owner, attr, synchronize)
+        undo.append((owner, attr, original))
+    return lambda: [setattr(owner, attr, original) for owner, attr, original in undo]
+
+
 def _install() -> None:
     directory = os.environ["HFNN_PROFILE_DIR"]
     import torch
@@ -155,6 +178,7 @@ def _install() -> None:
     }
     _labels.append(_record_attention_shapes(torch))
     _labels.append(_box_lstm_inputs(torch))
+    _labels.append(_record_syncs(torch))
     from . import nn as hfnn_nn
 
     hfnn_nn._lstm_profiled = True  # hfnn.nn.LSTM's own path records its shapes (aten::lstm does not run)

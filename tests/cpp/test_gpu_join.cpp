@@ -46,23 +46,25 @@ TEST(GpuJoin, SelfTimeGoesToTheLauncherAndTotalTimeToEveryEnclosingOp) {
   EXPECT_EQ(steps[0], (std::vector<std::pair<int64_t, int64_t>>{{100, 130}, {200, 210}}));
 }
 
-TEST(GpuJoin, AnOpNestedInItselfCountsOnceAndTheInnermostShapeRowTakesTheTime) {
-  // aten::layer_norm under autocast runs inside aten::layer_norm: one op row, counted once; the
-  // shape row of the inner call (the one that ran) gets the time, not an enclosing one's as well.
-  CudaTime layer_norm, native, outer_shape, inner_shape;
+TEST(GpuJoin, AnOpNestedInItselfCountsOnceAndEveryShapeRowAroundTheKernelOnce) {
+  // aten::layer_norm under autocast runs inside aten::layer_norm: one op row, counted once. A GEMM
+  // inside an attention call: the kernel counts for the GEMM's shape row and the attention key's
+  // (the collector keeps only the innermost row of one op and phase, so those around a kernel are
+  // of different ops), and a row met twice on the way (a call and its label) counts once.
+  CudaTime layer_norm, native, attention_key, gemm_shape;
   GpuJoin join;
   join.reset(10);
-  join.add_call({10, &layer_norm, &outer_shape, 0, 0});
-  join.add_call({11, &layer_norm, nullptr, 10, 0});
-  join.add_call({12, &native, &inner_shape, 11, 0});
+  join.add_call({10, &layer_norm, &attention_key, 0, 0});
+  join.add_call({11, &layer_norm, &attention_key, 10, 0});
+  join.add_call({12, &native, &gemm_shape, 11, 0});
   join.add_call({13, nullptr, nullptr, 12, 0});  // a label (shape scope): no op row of its own
   join.add({kernel("k", 0, 7, 1), kernel("k", 10, 15, 2)}, {{1, 12}, {2, 13}}, nullptr);
   EXPECT_EQ(native.self_ns, 7);
   EXPECT_EQ(native.total_ns, 12);
   EXPECT_EQ(layer_norm.total_ns, 12);
   EXPECT_EQ(layer_norm.self_ns, 0);
-  EXPECT_EQ(inner_shape.total_ns, 12);
-  EXPECT_EQ(outer_shape.total_ns, 0);
+  EXPECT_EQ(gemm_shape.total_ns, 12);
+  EXPECT_EQ(attention_key.total_ns, 12);
   EXPECT_EQ(join.kernels().at("k").calls, 2);
 }
 

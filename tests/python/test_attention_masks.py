@@ -285,8 +285,8 @@ def test_cpu_supports_says_what_takes_a_masked_call():
     assert not torch.ops.hfnn.multi_head_attention_supports(q, kv, kv, 2, True, False, 0.0, "")  # needs kdim's weights
 
 
-# torch's checks of a batched call's masks: each bad input raises torch's message, through hfnn's
-# module as through torch's (hfnn's as a RuntimeError; torch's some as AssertionError).
+# torch's checks of a batched call's masks: each bad input raises torch's error, the same type and
+# message, through hfnn's module as through torch's (hfnn's module runs torch's forward for them).
 BAD_MASKS = {
     "padding dtype": dict(key_padding_mask=torch.zeros(2, 5, dtype=torch.int64)),
     "mask dtype": dict(attn_mask=torch.zeros(5, 5, dtype=torch.int32)),
@@ -309,7 +309,7 @@ def test_bad_masks_raise_torchs_message(name):
     kw = dict(dict(need_weights=False), **BAD_MASKS[name])
     with pytest.raises((AssertionError, RuntimeError)) as torch_error:
         ref(x, x, x, **kw)
-    with pytest.raises(RuntimeError) as hfnn_error:
+    with pytest.raises(torch_error.type) as hfnn_error:
         ours(x, x, x, **kw)
     assert str(hfnn_error.value) == str(torch_error.value)
     assert "\n" not in str(hfnn_error.value)
@@ -794,3 +794,22 @@ def test_gpu_transformer_layers_under_autocast_with_masks():
     assert abs(loss.item() - loss_ref.item()) <= 2e-2 * abs(loss_ref.item())
     for g, g_ref in zip(grads, grads_ref):
         assert rel(g, g_ref) < 5e-2
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("mask", ["padding", "bool", "float"])
+def test_float64_module_under_autocast_computes_in_float64(mask, need_weights):
+    """Autocast never casts float64: a float64 module under bf16 autocast runs, and matches torch's,
+    in float64, masks included (the op cast its mask to bf16 and failed or rounded it)."""
+    ref, ours = pair(8, 2, True)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    kw = {"padding": dict(key_padding_mask=torch.tensor([[False] * 4 + [True]] * 2)),
+          "bool": dict(attn_mask=torch.ones(5, 5, dtype=torch.bool).triu(1)),
+          "float": dict(attn_mask=torch.randn(5, 5, dtype=torch.float64) / 3)}[mask]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = ref(x, x, x, need_weights=need_weights, **kw)
+        got = ours(x, x, x, need_weights=need_weights, **kw)
+    assert got[0].dtype == want[0].dtype == torch.float64
+    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
+    if need_weights:
+        torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-10)

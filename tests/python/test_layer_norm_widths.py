@@ -164,8 +164,10 @@ def test_gpu_every_variant_at_every_width(dtype, widths):
 def test_gpu_every_variant_at_unaligned_pointers(dtype):
     """Tensors that start 1, 2 or 4 elements into their storage (views, slices of a flat buffer):
     every variant that says yes matches float64; the row-register variants, which take the widest
-    access the rows allow, say yes to every such row of up to 256 columns, and the wide ones to rows
-    of 1,024 to 4,096 aligned to 4 bytes or more."""
+    access the rows allow, say yes to every such row of up to 256 columns, the wide ones to rows of
+    1,024 to 4,096 aligned to 4 bytes or more, and the window variants to every row not 16-byte
+    aligned up to 2,041 columns in 16-bit (1,021 in float32). x and dy sit at the offset and dx is
+    fresh, so the window variants' element-at-a-time path for tensors of another lead runs here."""
     variants = hfnn.layer_norm_variants()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} offsets".encode()))
     failures = []
@@ -187,6 +189,11 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
                               if (cols * dtype.itemsize) % a == 0 and (offset * dtype.itemsize) % a == 0)
                 if cols * dtype.itemsize // access <= 2048:
                     takers += ("bwd_wide_c1_smem",)
+            # The window variants take every row not 16-byte aligned that tpr32's 8 packs a lane
+            # cover from any lead (V - 1 elements before the row, V to a 16-byte pack).
+            vec = 16 // dtype.itemsize
+            if ((cols * dtype.itemsize) % 16 or (offset * dtype.itemsize) % 16) and cols + vec - 1 <= 32 * 8 * vec:
+                takers += ("fwd_win_tpr32", "bwd_win_tpr32")
             for v in takers:
                 if not torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, v):
                     failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: {v} does not take it")

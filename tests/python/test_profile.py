@@ -35,12 +35,16 @@ def test_profile_records_steps_ops_and_layer_norm_shapes(tmp_path):
     ((steps_recorded, exit_code, warmup),) = rows(db, "SELECT steps_recorded, exit_code, warmup FROM runs")
     assert (steps_recorded, exit_code, warmup) == (3, 0, 1)
     assert len(rows(db, "SELECT * FROM step_stats WHERE run_id = 1")) == 3
-    shapes = rows(db, "SELECT shape, normalized_shape, dtype, affine, phase, calls FROM shape_stats ORDER BY affine, phase")
+    shapes = rows(db, "SELECT shape, normalized_shape, dtype, affine, phase, calls FROM shape_stats WHERE op = 'layer_norm'"
+                      " ORDER BY affine, phase")
     # Two LayerNorms (with and without affine), forward and backward, 3 recorded steps each.
     assert shapes == [("[16,64]", "[64]", "float32", 0, "bwd", 3), ("[16,64]", "[64]", "float32", 0, "fwd", 3),
                       ("[16,64]", "[64]", "float32", 1, "bwd", 3), ("[16,64]", "[64]", "float32", 1, "fwd", 3)]
     ops = dict(rows(db, "SELECT name || '/' || phase, calls FROM op_stats"))
     assert ops["aten::addmm/fwd"] == 6 and ops["aten::native_layer_norm_backward/bwd"] == 6
+    # Every GEMM's shape too, for the advice (profiles/advice.h): one record per call.
+    assert rows(db, "SELECT sum(calls) FROM shape_stats WHERE op = 'gemm' AND phase = 'fwd' AND flags LIKE 'op=addmm,%'"
+                ) == [(6,)]
     assert all(r[0] >= r[1] >= 0 for r in rows(db, "SELECT cpu_total_us, cpu_self_us FROM op_stats"))
 
 
@@ -144,25 +148,120 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 for _ in range(3):
-    model(torch.randn(16, 32)).square().mean().backward()
+    y = model(torch.randn(16, 32))
+    for _ in range(int(sys.argv[2])):  # ops outside every record whose inputs are read
+        y = y * 1.0
+    y.square().mean().backward()
     opt.step()
     opt.zero_grad()
 json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
 """
 
 
+def snapshots_with_more_ops(tmp_path, script, more, *args):
+    """The collector's snapshot at the end of `script` (it writes it to argv[1]) profiled with
+    --steps 0 and `args`, run twice: with 0 and with `more` extra ops a step (argv[2])."""
+    (tmp_path / "snap.py").write_text(script)
+    snaps = []
+    for extra in (0, more):
+        snap_path = tmp_path / f"snap-{extra}.json"
+        out = profile(tmp_path, "-q", "--steps", "0", *args, "snap.py", str(snap_path), str(extra), db=f"snap-{extra}.db")
+        assert out.returncode == 0, out.stderr
+        snaps.append(json.loads(snap_path.read_text()))
+    return snaps
+
+
 def test_inputs_are_boxed_only_where_a_shape_is_read(tmp_path):
     # torch copies an op's inputs into IValues only for observers that ask for them: the collector
-    # asks inside LayerNorm's records (and torch's LSTM's), not for every op, and still records
-    # every LayerNorm shape, forward and backward.
-    (tmp_path / "boxing.py").write_text(BOXING_SCRIPT)
-    out = profile(tmp_path, "-q", "--warmup", "0", "--steps", "0", "boxing.py", str(tmp_path / "snap.json"))
+    # asks inside LayerNorm's and the GEMMs' records (nn.Linear's aten::linear, their backward
+    # nodes; and torch's LSTM's), not for every op, and still records every LayerNorm and GEMM
+    # shape, forward and backward. 40 more ops a step outside them are observed, not boxed.
+    snaps = snapshots_with_more_ops(tmp_path, BOXING_SCRIPT, 40, "--warmup", "0")
+    observers = [snap["observer"] for snap in snaps]
+    for snap in snaps:
+        calls = {}
+        for shape in snap["shapes"]:
+            calls[shape["op"], shape["phase"]] = calls.get((shape["op"], shape["phase"]), 0) + shape["calls"]
+        # Per step: 1 LayerNorm; 2 addmm forward; mm for 1 + 2 gradients (the input needs none).
+        assert calls == {("layer_norm", "fwd"): 3, ("layer_norm", "bwd"): 3, ("gemm", "fwd"): 6, ("gemm", "bwd"): 9}
+    assert 0 < observers[0]["records_with_inputs"] == observers[1]["records_with_inputs"], observers
+    assert observers[1]["records"] >= observers[0]["records"] + 3 * 40 * 2, observers  # each mul and its node
+    assert 2 * observers[0]["records_with_inputs"] < observers[0]["records"], observers
+
+
+GEMM_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+w = nn.Parameter(torch.randn(12, 20))
+b3 = nn.Parameter(torch.randn(2, 20, 6))
+att = nn.MultiheadAttention(16, 2, batch_first=True)
+opt = torch.optim.SGD([w, b3, *att.parameters()], lr=1e-3)
+for _ in range(4):
+    y = torch.randn(5, 12) @ w
+    z = torch.einsum("bij,bjk->bik", y.reshape(1, 5, 20).expand(2, 5, 20), b3)
+    q = torch.randn(3, 7, 16)
+    a, weights = att(q, q, q, need_weights=True)
+    direct = torch.mm(torch.randn(3, 4), torch.randn(4, 9))
+    (z.sum() + a.sum() + weights.sum() + direct.sum()).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_gemm_shapes_are_read_inside_matmul_einsum_attention_and_their_backward(tmp_path):
+    # The advice's GEMM records need the GEMM's inputs, which torch boxes only inside the records
+    # the collector names (collector.cpp, kBoxingRecords): @ (aten::matmul), einsum, the
+    # MultiheadAttention scope (its need_weights path calls bmm itself; its projections F.linear),
+    # and the GEMM backward nodes. A torch.mm called directly from Python is timed as an op, its
+    # shape not read: that would take boxing every op's inputs.
+    (tmp_path / "gemm.py").write_text(GEMM_SCRIPT)
+    out = profile(tmp_path, "-q", "--warmup", "1", "--steps", "3", "gemm.py")
     assert out.returncode == 0, out.stderr
-    snap = json.loads((tmp_path / "snap.json").read_text())
-    observer = snap["observer"]
-    assert observer["records"] > 100
-    assert 0 < 5 * observer["records_with_inputs"] < observer["records"], observer
-    assert sorted((s["phase"], s["calls"]) for s in snap["shapes"]) == [("bwd", 3), ("fwd", 3)]
+    db = tmp_path / "shapes.db"
+    fwd = set(rows(db, "SELECT shape, flags FROM shape_stats WHERE op = 'gemm' AND phase = 'fwd' AND calls = 3"))
+    assert fwd == {("[5,20,12]", "op=mm,tf32=0"),  # @
+                   ("[5,6,20]", "op=bmm,batch=2,tf32=0"),  # einsum
+                   ("[21,48,16]", "op=mm,tf32=0"), ("[21,16,16]", "op=addmm,tf32=0"),  # the projections
+                   ("[7,7,8]", "op=bmm,batch=6,tf32=0"), ("[7,8,7]", "op=bmm,batch=6,tf32=0")}  # q k^T, p v
+    bwd = {shape for shape, in rows(db, "SELECT shape FROM shape_stats WHERE op = 'gemm' AND phase = 'bwd'")}
+    assert {"[12,20,5]", "[5,20,6]", "[20,6,5]", "[48,16,21]", "[7,8,7]"} <= bwd, bwd  # w, y, b3, in_proj, attention
+    assert "[3,9,4]" not in bwd | {shape for shape, _ in fwd}
+    assert rows(db, "SELECT calls FROM op_stats WHERE name = 'aten::mm' AND phase = 'fwd'") == [(9,)]  # with torch.mm
+
+
+HOST_COPY_SCRIPT = """
+import json, sys, torch, hfnn
+x = torch.randn(64, 64, device="cuda")
+h = x.bfloat16()
+for _ in range(5):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(int(sys.argv[2])):
+            torch.softmax(h, -1)  # autocast casts h to float32 inside aten::softmax's record
+    s = x.sum(0)
+    s.cpu()
+    s.to("cpu", non_blocking=True)
+    s.tolist()
+    hfnn.step()
+torch.cuda.synchronize()
+json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device: copies to the host and autocast's casts run on the GPU machine")
+def test_copies_to_the_host_are_read_where_python_calls_them_and_casts_inside_ops_are_not_boxed(tmp_path):
+    # .cpu(), .to("cpu", non_blocking=True) and .tolist() reach aten::copy_ through aten::to called
+    # from Python: their inputs are boxed and each is a copy_to_host record. The casts autocast makes
+    # inside aten::softmax's record are aten::to too, but not called from Python: 20 more a step
+    # leave the boxed records as they were.
+    snaps = snapshots_with_more_ops(tmp_path, HOST_COPY_SCRIPT, 20, "--warmup", "1")
+    observers = [snap["observer"] for snap in snaps]
+    for snap in snaps:
+        copies = {(c["shape"], c["dtype"], c["flags"]): c["calls"] for c in snap["shapes"] if c["op"] == "copy_to_host"}
+        assert copies == {("[64]", "float32", "non_blocking=0"): 8, ("[64]", "float32", "non_blocking=1"): 4}, copies
+    assert 0 < observers[0]["records_with_inputs"] == observers[1]["records_with_inputs"], observers
+    assert observers[1]["records"] >= observers[0]["records"] + 5 * 20 * 2, observers  # softmax and its cast
 
 
 HFNN_LAYER_NORM_SCRIPT = """
@@ -184,7 +283,8 @@ def test_hfnn_layer_norm_shapes_are_recorded_once_per_call(tmp_path):
     (tmp_path / "hfnn_ln.py").write_text(HFNN_LAYER_NORM_SCRIPT)
     out = profile(tmp_path, "--warmup", "1", "--steps", "3", "hfnn_ln.py")
     assert out.returncode == 0, out.stderr
-    shapes = rows(tmp_path / "shapes.db", "SELECT shape, dtype, affine, phase, calls FROM shape_stats ORDER BY affine, phase")
+    shapes = rows(tmp_path / "shapes.db", "SELECT shape, dtype, affine, phase, calls FROM shape_stats WHERE op ="
+                                          " 'layer_norm' ORDER BY affine, phase")
     assert shapes == [("[16,64]", "float32", 0, "bwd", 3), ("[16,64]", "float32", 0, "fwd", 3),
                       ("[16,64]", "float32", 1, "bwd", 3), ("[16,64]", "float32", 1, "fwd", 3)]
 
@@ -563,7 +663,7 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
     assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("6",)]
     assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
-    assert rows(db, "SELECT DISTINCT flags FROM shape_stats") == [("",)]
+    assert rows(db, "SELECT DISTINCT flags FROM shape_stats WHERE op = 'layer_norm'") == [("",)]
     # The first run predates the plain step (NULL: not timed), the second asked for the default 10.
     assert rows(db, "SELECT plain_steps_requested FROM runs ORDER BY id") == [(None,), (10,)]
     # Likewise --sample (NULL: every recorded step in full, as then), and the default 1.
@@ -630,7 +730,8 @@ def test_torchrun_gives_one_profile_with_every_rank(tmp_path):
     plain = rows(db, "SELECT rank, plain_steps, plain_step_ms FROM ranks ORDER BY rank")
     assert [r[:2] for r in plain] == [(0, 2), (1, 2)] and all(ms > 0 for _, _, ms in plain)
     # Rank 1 trains on twice the batch: each rank's own LayerNorm shape is there.
-    assert rows(db, "SELECT DISTINCT rank, shape FROM shape_stats ORDER BY rank") == [(0, "[16,64]"), (1, "[32,64]")]
+    assert rows(db, "SELECT DISTINCT rank, shape FROM shape_stats WHERE op = 'layer_norm' ORDER BY rank") == [
+        (0, "[16,64]"), (1, "[32,64]")]
     report = json.loads(subprocess.run([HFNN, "report", "--db", str(db), "--format", "json"],
                                        capture_output=True, text=True).stdout)
     assert [s["rank"] for s in report["steps"]] == [0, 1]

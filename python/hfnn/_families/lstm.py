@@ -33,6 +33,7 @@ import re
 import time
 
 from .._measure import failed_candidate, rel_error, tunable_dtype, wall_samples
+from ._route import replace_forward, table_has_keys
 
 OP = "lstm"
 TITLE = "LSTM"
@@ -172,7 +173,7 @@ def install_dispatch(stats: dict) -> bool:
     the op library has LSTM kernels; returns whether it did. Keys without a winner (policy torch),
     keys torch won and calls hfnn's ops do not take run torch's own forward, as without hfnn."""
     global torch_forward
-    if not stats.get("ops", {}).get(OP, {}).get("keys") or torch_forward is not None:
+    if not table_has_keys(stats, OP) or torch_forward is not None:
         return False
     import torch
     from torch import nn
@@ -181,18 +182,15 @@ def install_dispatch(stats: dict) -> bool:
 
     if not (hasattr(torch.ops.hfnn, "lstm_choose") and hasattr(torch.ops.hfnn, "lstm_layer_fwd")):
         return False
-    original = nn.LSTM.forward
     route = hfnn_nn._lstm_route
 
-    def forward(self, input, hx=None):
-        out = route(self, input, hx, True)
-        if out is not None:
-            return out
-        return original(self, input, hx)
+    def make(original):
+        def forward(self, input, hx=None):
+            out = route(self, input, hx, True)
+            return out if out is not None else original(self, input, hx)
+        return forward
 
-    forward.__wrapped__ = original
-    nn.LSTM.forward = forward
-    torch_forward = original
+    torch_forward = replace_forward(nn.LSTM, make)
     return True
 
 

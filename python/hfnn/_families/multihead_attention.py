@@ -34,6 +34,7 @@ import re
 import time
 
 from .._measure import failed_candidate, rel_error, tunable_dtype, wall_samples
+from ._route import replace_forward, table_has_keys
 
 OP = "multihead_attention"
 
@@ -274,31 +275,31 @@ def install_dispatch(stats: dict) -> bool:
     keys (any GPU); returns whether it did. Calls hfnn's op does not take, keys without a winner and
     keys torch won run torch's own forward, as without hfnn."""
     global torch_forward
-    if not stats.get("ops", {}).get(OP, {}).get("keys") or torch_forward is not None:
+    if not table_has_keys(stats, OP) or torch_forward is not None:
         return False
     import torch
     from torch import nn
 
-    original = nn.MultiheadAttention.forward
     route = torch.ops.hfnn.multi_head_attention_dispatch.default
     is_compiling = torch.compiler.is_compiling
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
-        if not is_compiling():  # torch.compile traces torch's module (its FX graph has no table)
-            out, weights, _ = route(query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias,
-                                    self.out_proj.weight, self.out_proj.bias, self.batch_first, bool(is_causal),
-                                    self.dropout if self.training else 0.0, bool(need_weights), key_padding_mask,
-                                    attn_mask, self.bias_k is not None or self.add_zero_attn, False,
-                                    bool(average_attn_weights), self.q_proj_weight, self.k_proj_weight,
-                                    self.v_proj_weight)
-            if out is not None:
-                warn_mismatched_masks(query, key_padding_mask, attn_mask)
-                return out, weights
-        return original(self, query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
-                        attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+    def make(original):
+        def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                    average_attn_weights=True, is_causal=False):
+            if not is_compiling():  # torch.compile traces torch's module (its FX graph has no table)
+                out, weights, _ = route(query, key, value, self.num_heads, self.in_proj_weight, self.in_proj_bias,
+                                        self.out_proj.weight, self.out_proj.bias, self.batch_first,
+                                        bool(is_causal), self.dropout if self.training else 0.0,
+                                        bool(need_weights), key_padding_mask, attn_mask,
+                                        self.bias_k is not None or self.add_zero_attn, False,
+                                        bool(average_attn_weights), self.q_proj_weight, self.k_proj_weight,
+                                        self.v_proj_weight)
+                if out is not None:
+                    warn_mismatched_masks(query, key_padding_mask, attn_mask)
+                    return out, weights
+            return original(self, query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                            attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+        return forward
 
-    forward.__wrapped__ = original
-    nn.MultiheadAttention.forward = forward
-    torch_forward = original
+    torch_forward = replace_forward(nn.MultiheadAttention, make)
     return True

@@ -1,0 +1,560 @@
+// LayerNorm variants for rows that are not 16-byte aligned: odd widths in 16-bit, widths that are no
+// multiple of 4 in float32, tensors that start inside their storage.
+//
+//   fwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}
+//     The row-register variants' layout (kTpr threads a row, the row in registers, a persistent
+//     grid, dgamma/dbeta summed in registers over the rows a thread visits), but every access 16
+//     bytes wide whatever the row's alignment: a row is read through its WINDOW, the 16-byte-aligned
+//     span that covers it. The window starts `lead` elements before the row (0 to 7 in 16-bit, 0 to 3
+//     in float32); window position q is column q - lead. The packs at the window's two ends hold
+//     elements of the neighbouring rows (or bytes past the tensor inside the same 16 bytes, which a
+//     load cannot fault on: allocations are at least 256-byte aligned); they are zeroed on loading,
+//     and written back an element at a time, so no other row's element is ever stored.
+//
+//     The lead of row r is (the first element's offset in its 16 bytes + r * cols) mod V (V elements a
+//     pack), so it repeats every `period` rows (V / gcd(cols mod V, V): 8 for odd widths in 16-bit).
+//     Each block takes the rows of one residue class mod period: all its rows have the same lead,
+//     so a thread always holds the same columns at the same window positions, gamma (and beta) are
+//     staged once per block in shared memory by window position, and the dgamma/dbeta sums stay in
+//     registers as in bwd_regs. The fold maps positions back to columns when it writes the block's
+//     partial row; reduce_partials (layer_norm_bwd.cu) sums those in a fixed order as for the others.
+//
+//     The other tensors (y; dy and dx) are read and written through the same window when they start
+//     at the same offset in their 16 bytes as x (fresh allocations all do); otherwise an element at
+//     a time (a slow but correct path: supports() may not depend on where torch put dx).
+//
+//     The row-register variants take unaligned rows too, with accesses only as wide as the rows
+//     allow (2 bytes for odd widths in 16-bit: 8x the instructions and 1/8 the bytes an access), and
+//     up to 256-1,024 columns; past that the block variants (one block a row) take them. These say
+//     yes only to rows that are not all 16-byte aligned (aligned rows: the *_regs variants, the same
+//     code with lead 0), up to kTpr x 8 packs a row less one pack's lead.
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_variants.h"
+
+namespace hfnn::kernels::layer_norm {
+namespace {
+
+constexpr int kFwdBlock = 128;
+constexpr int kBwdBlock = 256;
+constexpr int kBwdWarps = kBwdBlock / 32;
+
+// Rows between two rows with the same lead: V / gcd(cols mod V, V), V elements a 16-byte pack.
+int window_period(int64_t cols, int vec) {
+  const int r = static_cast<int>(cols % vec);
+  return r == 0 ? 1 : vec / std::gcd(r, vec);
+}
+
+// Packs a row-group holds a row in, for a row of `cols` that may start up to V - 1 elements into
+// its window: the smallest of 1, 2, 4, 8 packs a thread; 0 where 8 are not enough.
+int window_accesses(int64_t cols, int vec, int tpr) { return regs_accesses(cols + vec - 1, vec, tpr); }
+
+bool elem_aligned(std::initializer_list<const void*> pointers, int elem) {
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(elem) != 0) return false;
+  return true;
+}
+
+// Whether every pointer starts at the same offset in its 16 bytes as `x`.
+bool same_lead(const void* x, std::initializer_list<const void*> others) {
+  for (const void* p : others)
+    if (p && (reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(x)) % 16 != 0) return false;
+  return true;
+}
+
+// The lead of the rows of residue class `cls` (header comment).
+template <typename T>
+__device__ __forceinline__ int window_lead(const void* x, int64_t cols, int cls) {
+  constexpr int kV = kVec<T, 16>;
+  const int first = static_cast<int>((reinterpret_cast<std::uintptr_t>(x) % 16) / sizeof(T));
+  return static_cast<int>((first + static_cast<int64_t>(cls) * (cols % kV)) % kV);
+}
+
+// Zeroes the elements of a pack at window positions [pos, pos + V) that are outside [lead, end).
+template <typename T>
+__device__ __forceinline__ void mask_outside(Pack<T, 16>& pk, int pos, int lead, int end) {
+  uint32_t w[4];
+  pack_words<16>(pk.raw, w);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (sizeof(T) == 4) {
+      if (pos + j < lead || pos + j >= end) w[j] = 0;
+    } else {
+      const int e = pos + 2 * j;
+      const uint32_t lo = (e >= lead && e < end) ? 0x0000ffffu : 0u;
+      const uint32_t hi = (e + 1 >= lead && e + 1 < end) ? 0xffff0000u : 0u;
+      w[j] &= lo | hi;
+    }
+  }
+  pk.raw = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The pack at window position pos of the window starting at w: one 16-byte load where w is
+// 16-byte aligned (`vector`), else the row's elements one at a time; outside [lead, end) zeros.
+template <typename T>
+__device__ __forceinline__ Pack<T, 16> load_window(const T* w, int pos, int lead, int end, bool vector) {
+  constexpr int kV = kVec<T, 16>;
+  if (vector) {
+    Pack<T, 16> pk = load_pack<T, 16>(w + pos);
+    if (pos < lead || pos + kV > end) mask_outside(pk, pos, lead, end);
+    return pk;
+  }
+  float v[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k) v[k] = (pos + k >= lead && pos + k < end) ? to_float(w[pos + k]) : 0.f;
+  return pack<T, 16>(v);  // exact: each value came from a T
+}
+
+// Stores the row's elements of `out` (window positions [pos, pos + V)): one 16-byte store where the
+// pack is all the row's and w is aligned, else an element at a time.
+template <typename T>
+__device__ __forceinline__ void store_window(T* w, int pos, int lead, int end, bool vector,
+                                             const float (&out)[kVec<T, 16>]) {
+  constexpr int kV = kVec<T, 16>;
+  if (vector && pos >= lead && pos + kV <= end) {
+    store_pack(w + pos, pack<T, 16>(out));
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kV; ++k)
+    if (pos + k >= lead && pos + k < end) w[pos + k] = from_float<T>(out[k]);
+}
+
+// gamma (or 1) and beta (or 0) by window position into shared memory, 0 outside the row.
+template <typename T>
+__device__ __forceinline__ void stage_params(const T* gamma, const T* beta, float* gw, float* bw, int positions,
+                                             int lead, int cols) {
+  for (int q = threadIdx.x; q < positions; q += blockDim.x) {
+    const int c = q - lead;
+    const bool in = c >= 0 && c < cols;
+    gw[q] = in ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f;
+    if (bw) bw[q] = in && beta ? to_float(beta[c]) : 0.f;
+  }
+}
+
+// V floats of a staged parameter at window position pos (a multiple of V: 16-byte aligned).
+template <int kV>
+__device__ __forceinline__ void staged(const float* s, int pos, float (&out)[kV]) {
+#pragma unroll
+  for (int k = 0; k < kV; k += 4) {
+    const float4 f = *reinterpret_cast<const float4*>(s + pos + k);
+    out[k] = f.x, out[k + 1] = f.y, out[k + 2] = f.z, out[k + 3] = f.w;
+  }
+}
+
+// The residue class of this block's rows and the blocks that share it: the grid is `period` x
+// blocks_per_class, class = blockIdx.x mod period.
+struct ClassRows {
+  int cls;
+  int64_t block, blocks, rows;  // this block's index in its class, the class's blocks and rows
+};
+
+__device__ __forceinline__ ClassRows class_rows(int64_t rows, int period) {
+  ClassRows c;
+  c.cls = static_cast<int>(blockIdx.x % period);
+  c.block = blockIdx.x / period;
+  c.blocks = gridDim.x / period;
+  c.rows = rows > c.cls ? (rows - c.cls + period - 1) / period : 0;
+  return c;
+}
+
+// ---- forward ---------------------------------------------------------------------------------------
+
+template <typename T, int kTpr, int kNv>
+__global__ void __launch_bounds__(kFwdBlock) fwd_window_kernel(const FwdParams p, int period, bool vector) {
+  extern __shared__ float4 fwd_smem[];
+  constexpr int kV = kVec<T, 16>;
+  constexpr int kPositions = kNv * kTpr * kV;
+  constexpr int kGroupsPerBlock = kFwdBlock / kTpr;
+  constexpr int kGroupsPerWarp = 32 / kTpr;
+  float* gw = reinterpret_cast<float*>(fwd_smem);
+  float* bw = gw + kPositions;
+  const int lane = threadIdx.x % kTpr;
+  const int warp = threadIdx.x / 32;
+  const int group_in_warp = (threadIdx.x % 32) / kTpr;
+  const int cols = static_cast<int>(p.cols);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const ClassRows cr = class_rows(p.rows, period);
+  const int lead = window_lead<T>(p.x, cols, cr.cls);
+  const int end = lead + cols;
+  wait_for_previous_grid();
+  allow_next_grid();
+  stage_params(static_cast<const T*>(p.gamma), static_cast<const T*>(p.beta), gw, bw, kPositions, lead, cols);
+  __syncthreads();
+
+  // Whole warps iterate together (the loop bound is the warp's first row) so every shuffle sees
+  // all 32 lanes; groups past the class's last row compute on zeros and store nothing.
+  const int64_t stride = cr.blocks * kGroupsPerBlock;
+  for (int64_t v0 = cr.block * kGroupsPerBlock + warp * kGroupsPerWarp; v0 < cr.rows; v0 += stride) {
+    const int64_t v = v0 + group_in_warp;
+    const bool valid = v < cr.rows;
+    const int64_t start = (cr.cls + v * period) * cols - lead;  // the window's first element
+    const T* __restrict__ x = static_cast<const T*>(p.x) + start;
+    float val[kNv][kV];
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int pos = (i * kTpr + lane) * kV;
+      if (valid && pos < end) {
+        unpack(load_window<T>(x, pos, lead, end, true), val[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) val[i][k] = 0.f;
+      }
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i)
+#pragma unroll
+      for (int k = 0; k < kV; ++k) sum += val[i][k];
+    const float mean = group_sum<kTpr>(sum) * inv_cols;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int pos = (i * kTpr + lane) * kV;
+      if (pos >= end) continue;
+      const bool whole = pos >= lead && pos + kV <= end;
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float d = val[i][k] - mean;
+        if (whole || (pos + k >= lead && pos + k < end)) sq += d * d;
+      }
+    }
+    const float rstd = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
+    if (!valid) continue;
+    T* __restrict__ y = static_cast<T*>(p.y) + start;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int pos = (i * kTpr + lane) * kV;
+      if (pos >= end) continue;
+      float g[kV], b[kV], out[kV];
+      staged<kV>(gw, pos, g);
+      staged<kV>(bw, pos, b);
+      // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = fmaf((val[i][k] - mean) * rstd, g[k], b[k]);
+      store_window<T>(y, pos, lead, end, vector, out);
+    }
+    if (lane == 0 && p.mean) {
+      const int64_t row = cr.cls + v * period;
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+template <typename T, int kTpr, int kNv>
+std::size_t fwd_window_smem() {
+  return 2 * static_cast<std::size_t>(kNv * kTpr * kVec<T, 16>) * sizeof(float);
+}
+
+// Calls f.template operator()<T, kNv>() for the instantiation that fits the row; `none` where none
+// does (supports() said no).
+template <int kTpr, typename R, typename F>
+R with_window(DType dtype, int64_t cols, R none, F&& f) {
+  return dispatch_dtype(dtype, [&]<typename T>() -> R {
+    switch (window_accesses(cols, kVec<T, 16>, kTpr)) {
+      case 1: return f.template operator()<T, 1>();
+      case 2: return f.template operator()<T, 2>();
+      case 4: return f.template operator()<T, 4>();
+      case 8: return f.template operator()<T, 8>();
+    }
+    return none;
+  });
+}
+
+// Blocks of kKernel resident at once on the device, asked once a thread and device (the query
+// costs microseconds of CPU a call otherwise).
+template <auto kKernel>
+int64_t resident(int threads, std::size_t smem, const DeviceInfo& device) {
+  thread_local int cached_device = -2;
+  thread_local int64_t cached = 1;
+  if (cached_device != device.device) {
+    if (allow_smem(kKernel, smem) != cudaSuccess) (void)cudaGetLastError();
+    cached = resident_blocks(kKernel, threads, smem, device.sm_count);
+    cached_device = device.device;
+  }
+  return cached;
+}
+
+// The persistent grid: `period` classes x the blocks each gets, at most what is resident at once
+// (and at most `cap` blocks in all: the backward's workspace). 0 where not even one block a class
+// fits the cap.
+inline int64_t window_grid(int64_t resident_blocks, int64_t rows, int period, int64_t groups_per_block,
+                           int64_t cap) {
+  const int64_t class_rows = (rows + period - 1) / period;
+  const int64_t needed = (class_rows + groups_per_block - 1) / groups_per_block;
+  int64_t per_class = std::min(needed, std::max<int64_t>(1, resident_blocks / period));
+  per_class = std::min(per_class, cap / period);
+  return per_class < 1 ? 0 : per_class * period;
+}
+
+}  // namespace
+
+template <int kTpr>
+bool fwd_window_supports(const FwdParams& p) {
+  if (!(p.rows > 0 && p.cols > 0)) return false;
+  const int elem = static_cast<int>(dtype_size(p.dtype));
+  if (!elem_aligned({p.x, p.y, p.gamma, p.beta}, elem)) return false;
+  if (access_bytes(p.cols, elem, {p.x, p.y, p.gamma, p.beta}) == 16) return false;  // the *_regs variants
+  return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
+    return fits(fwd_window_kernel<T, kTpr, kNv>, kFwdBlock, fwd_window_smem<T, kTpr, kNv>(), p.device);
+  });
+}
+
+template <int kTpr>
+cudaError_t fwd_window_run(const FwdParams& p, cudaStream_t stream) {
+  return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
+    constexpr auto kernel = fwd_window_kernel<T, kTpr, kNv>;
+    const std::size_t smem = fwd_window_smem<T, kTpr, kNv>();
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+    const int period = window_period(p.cols, kVec<T, 16>);
+    const int64_t grid = window_grid(resident<kernel>(kFwdBlock, smem, p.device), p.rows, period, kFwdBlock / kTpr,
+                                     int64_t{1} << 30);
+    if (grid < 1) return cudaErrorInvalidValue;
+    return launch_pdl(kernel, static_cast<unsigned>(grid), kFwdBlock, smem, stream, p, period, same_lead(p.x, {p.y}));
+  });
+}
+
+// ---- backward --------------------------------------------------------------------------------------
+
+namespace {
+
+// As bwd_regs (layer_norm_bwd.cu): slices of up to 8 elements ask for 3 resident blocks, larger ones
+// are left unbounded; slices of up to 32 elements load the next row before this one's arithmetic.
+constexpr int window_min_blocks(int elements) { return elements <= 8 ? 3 : 1; }
+constexpr bool window_prefetch(int elements) { return elements <= 32; }
+
+template <typename T, int kTpr, int kNv>
+__global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>))
+    bwd_window_kernel(const BwdParams p, int period, bool vector) {
+  extern __shared__ float4 bwd_smem[];
+  constexpr int kV = kVec<T, 16>;
+  constexpr int kPositions = kNv * kTpr * kV;
+  constexpr int kGroupsPerBlock = kBwdBlock / kTpr;
+  constexpr int kGroupsPerWarp = 32 / kTpr;
+  constexpr bool kHoldGamma = kNv * kV <= 16;
+  float* gw = reinterpret_cast<float*>(bwd_smem);  // [kPositions]
+  float* fold = gw + kPositions;                    // [kBwdWarps][kPositions]
+  const int lane = threadIdx.x % kTpr;
+  const int warp = threadIdx.x / 32;
+  const int group_in_warp = (threadIdx.x % 32) / kTpr;
+  const int cols = static_cast<int>(p.cols);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const ClassRows cr = class_rows(p.rows, period);
+  const int lead = window_lead<T>(p.x, cols, cr.cls);
+  const int end = lead + cols;
+  const bool want_params = p.dgamma || p.dbeta;
+  wait_for_previous_grid();
+  allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
+  stage_params<T>(static_cast<const T*>(p.gamma), nullptr, gw, nullptr, kPositions, lead, cols);
+  __syncthreads();
+
+  float dg[kNv][kV], db[kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+#pragma unroll
+    for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+    if constexpr (kHoldGamma) staged<kV>(gw, (i * kTpr + lane) * kV, held_gamma[i]);
+  }
+  auto gamma_of = [&](int i, float (&out)[kV]) {
+    if constexpr (kHoldGamma) {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = held_gamma[i][k];
+    } else {
+      staged<kV>(gw, (i * kTpr + lane) * kV, out);
+    }
+  };
+
+  const int64_t stride = cr.blocks * kGroupsPerBlock;
+  const int64_t first = cr.block * kGroupsPerBlock + warp * kGroupsPerWarp;
+  // x and dy as loaded (packed), the next rows' loaded before this one's arithmetic where it pays.
+  Pack<T, 16> next_x[kNv], next_dy[kNv];
+  float next_mean = 0.f, next_rstd = 0.f;
+  auto load_row = [&](int64_t v0) {
+    const int64_t v = v0 + group_in_warp;
+    const bool valid = v < cr.rows;
+    const int64_t row = cr.cls + v * period;
+    const int64_t start = row * cols - lead;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + start;
+    const T* __restrict__ dy = static_cast<const T*>(p.dy) + start;
+    next_mean = valid ? p.mean[row] : 0.f;
+    next_rstd = valid ? p.rstd[row] : 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int pos = (i * kTpr + lane) * kV;
+      if (valid && pos < end) {
+        next_x[i] = load_window<T>(x, pos, lead, end, true);
+        next_dy[i] = load_window<T>(dy, pos, lead, end, vector);
+      } else {
+        next_x[i] = next_dy[i] = zero_pack<T, 16>();
+      }
+    }
+  };
+  constexpr bool kPrefetch = window_prefetch(kNv * kV);
+  if constexpr (kPrefetch) {
+    if (first < cr.rows) load_row(first);
+  }
+
+  for (int64_t v0 = first; v0 < cr.rows; v0 += stride) {
+    if constexpr (!kPrefetch) load_row(v0);
+    Pack<T, 16> xs[kNv], ds[kNv];
+    const float mean = next_mean, rstd = next_rstd;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) xs[i] = next_x[i], ds[i] = next_dy[i];
+    if constexpr (kPrefetch) {
+      if (v0 + stride < cr.rows) load_row(v0 + stride);  // uniform over the warp
+    }
+    // Outside the row x and dy are 0 (and gamma too), so those positions add nothing below.
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      if ((i * kTpr + lane) * kV >= end) continue;
+      float xv[kV], dv[kV], gv[kV];
+      unpack(xs[i], xv);
+      unpack(ds[i], dv);
+      gamma_of(i, gv);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = dv[k] * gv[k];
+        sum_g += g;
+        sum_gx = fmaf(g, xhat, sum_gx);
+        dg[i][k] = fmaf(dv[k], xhat, dg[i][k]);
+        db[i][k] += dv[k];
+      }
+    }
+    sum_g = group_sum<kTpr>(sum_g);
+    sum_gx = group_sum<kTpr>(sum_gx);
+    const int64_t v = v0 + group_in_warp;
+    if (!p.dx || v >= cr.rows) continue;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) = a * g + c * xhat + b; in 16-bit c * xhat + b
+    // folded into one fma on x, as in bwd_regs.
+    const float a = rstd;
+    const float b = -a * sum_g * inv_cols;
+    const float c = -a * sum_gx * inv_cols;
+    const float cx = c * rstd;
+    const float bx = b - cx * mean;
+    T* __restrict__ dx = static_cast<T*>(p.dx) + (cr.cls + v * period) * cols - lead;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int pos = (i * kTpr + lane) * kV;
+      if (pos >= end) continue;
+      float xv[kV], dv[kV], gv[kV], out[kV];
+      unpack(xs[i], xv);
+      unpack(ds[i], dv);
+      gamma_of(i, gv);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        if constexpr (sizeof(T) == 2) {
+          out[k] = fmaf(a, dv[k] * gv[k], fmaf(cx, xv[k], bx));
+        } else {
+          const float xhat = (xv[k] - mean) * rstd;
+          out[k] = fmaf(a, dv[k] * gv[k], fmaf(c, xhat, b));
+        }
+      }
+      store_window<T>(dx, pos, lead, end, vector, out);
+    }
+  }
+  if (!want_params) return;  // uniform over the grid
+
+  // Fold: lanes l, l + kTpr, ... of a warp hold the same window positions (one lead a block), then
+  // the warps' rows in shared memory in a fixed order, written out by column.
+#pragma unroll
+  for (int offset = kTpr; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kNv; ++i)
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        dg[i][k] += __shfl_xor_sync(0xffffffffu, dg[i][k], offset);
+        db[i][k] += __shfl_xor_sync(0xffffffffu, db[i][k], offset);
+      }
+  }
+  float* partials = static_cast<float*>(p.workspace);
+  for (int which = 0; which < 2; ++which) {
+    if (group_in_warp == 0) {
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int pos = (i * kTpr + lane) * kV;
+#pragma unroll
+        for (int k = 0; k < kV; ++k) fold[warp * kPositions + pos + k] = which == 0 ? dg[i][k] : db[i][k];
+      }
+    }
+    __syncthreads();
+    float* dst = partials + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * cols;
+    for (int col = threadIdx.x; col < cols; col += kBwdBlock) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kBwdWarps; ++w) s += fold[w * kPositions + col + lead];
+      dst[col] = s;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, int kTpr, int kNv>
+std::size_t bwd_window_smem() {
+  return static_cast<std::size_t>(1 + kBwdWarps) * (kNv * kTpr * kVec<T, 16>) * sizeof(float);
+}
+
+// The backward's grid, within the workspace where dgamma or dbeta is wanted.
+template <typename T, int kTpr, int kNv>
+int64_t bwd_window_grid(const BwdParams& p, int64_t cap) {
+  return window_grid(resident<bwd_window_kernel<T, kTpr, kNv>>(kBwdBlock, bwd_window_smem<T, kTpr, kNv>(), p.device),
+                     p.rows, window_period(p.cols, kVec<T, 16>), kBwdBlock / kTpr, cap);
+}
+
+}  // namespace
+
+template <int kTpr>
+bool bwd_window_supports(const BwdParams& p) {
+  if (!(p.rows > 0 && p.cols > 0)) return false;
+  const int elem = static_cast<int>(dtype_size(p.dtype));
+  if (!elem_aligned({p.x, p.dy, p.dx, p.gamma}, elem)) return false;
+  if (access_bytes(p.cols, elem, {p.x, p.dy, p.dx, p.gamma}) == 16) return false;  // the *_regs variants
+  return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
+    return fits(bwd_window_kernel<T, kTpr, kNv>, kBwdBlock, bwd_window_smem<T, kTpr, kNv>(), p.device);
+  });
+}
+
+template <int kTpr>
+std::size_t bwd_window_workspace(const BwdParams& p) {
+  if (!p.dgamma && !p.dbeta) return 0;
+  return with_window<kTpr>(p.dtype, p.cols, std::size_t{0}, [&]<typename T, int kNv>() -> std::size_t {
+    return 2 * static_cast<std::size_t>(bwd_window_grid<T, kTpr, kNv>(p, int64_t{1} << 30)) *
+           static_cast<std::size_t>(p.cols) * sizeof(float);
+  });
+}
+
+template <int kTpr>
+cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream) {
+  return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
+    constexpr auto kernel = bwd_window_kernel<T, kTpr, kNv>;
+    const std::size_t smem = bwd_window_smem<T, kTpr, kNv>();
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+    const int64_t grid = bwd_window_grid<T, kTpr, kNv>(p, grid_within_workspace(int64_t{1} << 30, p));
+    if (grid < 1) return cudaErrorInvalidValue;
+    const int period = window_period(p.cols, kVec<T, 16>);
+    const bool vector = same_lead(p.x, {p.dy, p.dx});
+    if (const cudaError_t err = launch_pdl(kernel, static_cast<unsigned>(grid), kBwdBlock, smem, stream, p, period,
+                                           vector);
+        err != cudaSuccess)
+      return err;
+    return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(grid), stream);
+  });
+}
+
+#define HFNN_WINDOW(TPR)                                                              \
+  template bool fwd_window_supports<TPR>(const FwdParams&);                           \
+  template cudaError_t fwd_window_run<TPR>(const FwdParams&, cudaStream_t);           \
+  template bool bwd_window_supports<TPR>(const BwdParams&);                           \
+  template std::size_t bwd_window_workspace<TPR>(const BwdParams&);                   \
+  template cudaError_t bwd_window_run<TPR>(const BwdParams&, cudaStream_t);
+HFNN_WINDOW(4)
+HFNN_WINDOW(8)
+HFNN_WINDOW(16)
+HFNN_WINDOW(32)
+#undef HFNN_WINDOW
+
+}  // namespace hfnn::kernels::layer_norm
