@@ -34,12 +34,14 @@
 
 #include "profiles/advice.h"
 #include "profiles/gpu_join.h"
+#include "profiles/step_times.h"
 
 #define HFNN_GPU_ACTIVITY (HFNN_WITH_CUDA && HFNN_TORCH_CUDA)
 #if HFNN_GPU_ACTIVITY
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <cuda_runtime_api.h>
 
+#include "profiles/cuda_step_clock.h"
 #include "profiles/cupti_activity.h"
 #endif
 
@@ -509,6 +511,13 @@ struct State {
   // (after a recorded step, the tear-down: the device drained, CUDA activity paused, the observer
   // swapped; now and then the part written), so none holds the collector's own work.
   std::vector<double> unsampled_ms;
+  // On a GPU a step's time (recorded, unsampled or plain) is the longer of its host interval and its
+  // GPU interval, from CUDA events at its boundaries (profiles/step_times.h says why events), from
+  // the first boundary where the devices the steps run on are known (start_step_clock_locked).
+  GpuStepTimes step_times;
+#if HFNN_GPU_ACTIVITY
+  std::unique_ptr<CudaEventClock> step_clock;
+#endif
   bool gpu_finished = false;  // CUDA activity stopped and every record of the recorded steps attributed
   bool started = false, stopped = false;
 };
@@ -839,21 +848,16 @@ void forget_old_locked(State& s) {
   for (; s.settled_steps + 2 < s.step_intervals.size(); ++s.settled_steps) settle_busy(s, s.settled_steps);
   s.join.forget_before(keep_from);
 }
-// The recorded steps' CUDA activity, finished: the device drained so their last kernels complete,
-// every record attributed, CUPTI's activity disabled (nothing of it runs in the steps after) and
-// each step's busy time settled. Once, at the end of the recorded steps or at exit, whichever is first.
-// The recorded steps so far, complete: the device drained so their last kernels finish, every
+// The recorded steps so far, complete: the devices drained so their last kernels finish, every
 // record attributed, each step's busy time settled, their calls forgotten (the kernels' totals stay).
-// Never inside a CUDA graph capture (an optimizer step captured with torch.cuda.graph): a device
-// synchronisation would invalidate it. The records of kernels still running are then incomplete.
+// The devices are those the recorded kernels ran on (step_devices): the thread's current device
+// may be another (a torchrun rank that never called torch.cuda.set_device runs its kernels on
+// cuda:LOCAL_RANK with device 0 current). Where no record has named one yet, the records completed
+// so far are drained first. Never inside a CUDA graph capture (synchronize_devices): the records of
+// kernels still running are then incomplete.
 void drain_gpu_locked(State& s) {
-  bool capturing = true;
-  try {
-    capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-  } catch (const c10::Error&) {  // never throw from an observer
-    (void)cudaGetLastError();
-  }
-  if (!capturing && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  if (s.join.devices().empty()) attribute_locked(s, true);
+  synchronize_devices(step_devices(s.join.devices()));
   attribute_locked(s, true);
   for (size_t i = 0; i < s.step_intervals.size(); ++i) settle_busy(s, i);
   s.join.forget_before(g_next_id.load());
@@ -879,12 +883,23 @@ void pause_gpu_locked(State& s) {
 void resume_gpu_locked(State& s) {
   if (s.gpu && !s.gpu_finished) CuptiActivity::resume();
 }
+
+// CUDA events for the steps' GPU intervals, on the devices the steps' kernels run on
+// (step_devices), from the first boundary where some device has a CUDA context.
+void start_step_clock_locked(State& s) {
+  if (s.step_clock || !s.cuda_device) return;
+  std::vector<int> devices = step_devices(s.join.devices());
+  if (devices.empty()) return;
+  s.step_clock = std::make_unique<CudaEventClock>(std::move(devices));
+  s.step_times.set_clock(s.step_clock.get());
+}
 #else
 void attribute_locked(State&, bool) {}
 void forget_old_locked(State&) {}
 void finish_gpu_locked(State&) {}
 void pause_gpu_locked(State&) {}
 void resume_gpu_locked(State&) {}
+void start_step_clock_locked(State&) {}
 #endif
 
 // ---- Phases and step boundaries ------------------------------------------------------------------
@@ -930,6 +945,7 @@ void observe_locked(State& s, Phase phase) {
 void end_recording_locked(State& s) {
   s.recording = false;
   finish_gpu_locked(s);
+  s.step_times.settle(false);  // the devices drained: the recorded steps' events have completed
   observe_locked(s, s.plain_steps > 0 ? Phase::kPlain : Phase::kDone);
   write_part(s);
 }
@@ -940,15 +956,24 @@ void end_recording_locked(State& s) {
 // CUPTI's buffers flushed and disabled), on a GPU the last recorded step's kernels still queued
 // when its boundary came, and, until its optimizer step, the Python side's labels; so it is left
 // out. After `plain_steps` of them nothing is observed any more.
+// On a GPU each plain step also has its GPU interval (step_times.h): read once its events have
+// completed, and at the end of the plain steps after waiting for the last one.
 void plain_boundary_locked(State& s, int64_t t) {
   if (!s.plain_settled) {
     s.plain_settled = true;
+    start_step_clock_locked(s);
+    s.step_times.mark();
     return;
   }
   s.plain_ms.push_back((t - s.last_boundary_ns) / 1e6);
+  s.step_times.end_step(&s.plain_ms, s.plain_ms.size() - 1);
   if (static_cast<int>(s.plain_ms.size()) >= s.plain_steps) {
+    s.step_times.settle(true);
     observe_locked(s, Phase::kDone);
     write_part(s);
+  } else {
+    s.step_times.settle(false);
+    s.step_times.mark();
   }
 }
 
@@ -1000,19 +1025,23 @@ void boundary_locked(State& s) {
   }
   const bool recorded = s.phase == Phase::kRecording;  // the step that ended now was recorded in full
   if (recorded) attribute_locked(s, false);
+  bool next_in_window = false;  // the next step is recorded or unsampled: timed from this boundary
   if (s.boundaries <= s.warmup) {
     forget_warmup_locked(s);
+    next_in_window = s.boundaries == s.warmup;
   } else if (s.steps == 0 || s.window < s.steps) {
+    // Its time: the host's interval, on a GPU the GPU's where longer (step_times.h).
+    std::vector<double>& times = recorded ? s.step_ms : s.unsampled_ms;
+    times.push_back((t - s.last_boundary_ns) / 1e6);
+    s.step_times.end_step(&times, times.size() - 1);
     if (recorded) {
-      s.step_ms.push_back((t - s.last_boundary_ns) / 1e6);
       ++s.recorded;
       forget_old_locked(s);
-    } else {
-      s.unsampled_ms.push_back((t - s.last_boundary_ns) / 1e6);
     }
     ++s.window;
     const bool last = s.steps != 0 && s.window == s.steps;
     const bool next_recorded = !last && s.window % s.sample == 0;
+    next_in_window = !last;
     if (next_recorded) {  // the next step's GPU time and first op call
       if (!recorded) resume_locked(s);
       s.step_gpu_ms.push_back(0.0);
@@ -1032,8 +1061,14 @@ void boundary_locked(State& s) {
       }
     }
   }
-  // An unsampled step stands for a step without the profiler: its clock starts once the boundary's
-  // own work is done. (A recorded step's holds it, as it is part of what the profiler costs.)
+  s.step_times.settle(false);
+  if (next_in_window) {
+    start_step_clock_locked(s);
+    s.step_times.mark();
+  }
+  // An unsampled step stands for a step without the profiler: its host clock starts once the
+  // boundary's own work is done, as its events do. (A recorded step's holds it, as it is part of
+  // what the profiler costs.)
   s.last_boundary_ns = s.phase == Phase::kUnsampled ? now_ns() : t;
 }
 
@@ -1224,6 +1259,7 @@ void stop() {
   s.recording = false;
   observe_locked(s, Phase::kDone);
   finish_gpu_locked(s);  // the last kernels finish (when the script ended while recording)
+  s.step_times.settle(true);  // the plain or unsampled steps still waiting for their GPU interval
   // step_gpu_ms has one slot past the last recorded step (the one in progress): drop it.
   if (s.step_gpu_ms.size() > s.step_ms.size()) s.step_gpu_ms.resize(s.step_ms.size());
   write_part(s);

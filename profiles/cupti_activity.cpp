@@ -34,17 +34,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        records.push_back({GpuRecord::Kind::kKernel, k->name, k->start, k->end, k->correlationId});
+        records.push_back({GpuRecord::Kind::kKernel, k->name, k->start, k->end, k->correlationId, k->deviceId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        records.push_back({GpuRecord::Kind::kMemcpy, "[memcpy]", m->start, m->end, m->correlationId});
+        records.push_back({GpuRecord::Kind::kMemcpy, "[memcpy]", m->start, m->end, m->correlationId, m->deviceId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        records.push_back({GpuRecord::Kind::kMemset, "[memset]", m->start, m->end, m->correlationId});
+        records.push_back({GpuRecord::Kind::kMemset, "[memset]", m->start, m->end, m->correlationId, m->deviceId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {

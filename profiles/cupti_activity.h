@@ -16,6 +16,7 @@ struct GpuRecord {
   const char* name;  // kernels: CUPTI's name string, stable for the process; others: a fixed label
   uint64_t start_ns, end_ns;
   uint32_t correlation;
+  uint32_t device = 0;  // the CUDA device it ran on
 };
 
 struct Correlation {

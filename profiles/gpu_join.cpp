@@ -51,6 +51,7 @@ void GpuJoin::add(const std::vector<GpuRecord>& records, const std::vector<Corre
   }
   std::inplace_merge(correlation_.begin(), correlation_.begin() + static_cast<std::ptrdiff_t>(sorted), correlation_.end());
   for (const auto& r : records) {
+    if (std::find(devices_.begin(), devices_.end(), r.device) == devices_.end()) devices_.push_back(r.device);
     const auto corr = std::lower_bound(correlation_.begin(), correlation_.end(), std::make_pair(r.correlation, uint64_t{0}));
     if (corr == correlation_.end() || corr->first != r.correlation) {  // launched outside any recorded op
       ++no_correlation;

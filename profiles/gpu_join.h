@@ -58,6 +58,9 @@ class GpuJoin {
            std::vector<std::vector<std::pair<int64_t, int64_t>>>* step_intervals);
 
   const std::map<std::string, Kernel>& kernels() const { return kernels_; }
+  // The CUDA devices of every record handed in so far, in the order first seen (reset keeps them:
+  // the warm-up's ran where the recorded steps' run), attributed or not.
+  const std::vector<uint32_t>& devices() const { return devices_; }
   size_t calls_kept() const;
   // What happened to the records: drained, correlations, attributed, launched outside any recorded
   // op (no correlation), or by a call no longer (or never) kept (no op).
@@ -72,6 +75,7 @@ class GpuJoin {
   std::map<std::string, Kernel> kernels_;
   // CUPTI's name strings live as long as the process: by their address first, then by text.
   std::unordered_map<const char*, std::pair<const std::string*, Kernel*>> kernel_by_name_ptr_;
+  std::vector<uint32_t> devices_;
   std::vector<const CudaTime*> seen_;  // the ops and shape rows one record's total went to (reused)
 };
 

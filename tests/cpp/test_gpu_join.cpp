@@ -136,6 +136,21 @@ TEST(GpuJoin, KernelNamesAreTheirTextNotTheirAddress) {
   EXPECT_EQ(join.kernels().at("kernel_one").ns, 3);
 }
 
+TEST(GpuJoin, TheDevicesOfEveryRecordAreKeptThroughAReset) {
+  // The devices the recorded kernels ran on are the ones the collector drains (under torchrun
+  // without set_device, not the thread's current one): every record's, attributed or not.
+  CudaTime op;
+  GpuJoin join;
+  one_call(join, op);
+  GpuRecord on_one = kernel("k", 0, 1, 1), unattributed = kernel("nccl", 0, 1, 99), on_one_again = on_one;
+  on_one.device = on_one_again.device = 1;
+  unattributed.device = 3;
+  join.add({on_one, unattributed, on_one_again}, {}, nullptr);
+  EXPECT_EQ(join.devices(), (std::vector<uint32_t>{1, 3}));
+  join.reset(100);  // a warm-up forgotten: its kernels ran where the recorded steps' do
+  EXPECT_EQ(join.devices(), (std::vector<uint32_t>{1, 3}));
+}
+
 TEST(GpuJoin, ResetForgetsEverything) {
   CudaTime op;
   GpuJoin join;

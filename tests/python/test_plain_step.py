@@ -263,6 +263,71 @@ def test_on_a_gpu_sample_keeps_the_recorded_steps_kernels_and_none_of_the_ones_b
     assert cuda[0] == cuda[1], cuda
 
 
+GPU_BOUND_SCRIPT = r"""
+import json, sys, time, torch, hfnn
+steps, out, device = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+x = torch.randn(4096, 4096, device=f"cuda:{device}") / 64  # no torch.cuda.set_device: device 0 stays current
+
+
+def step():
+    y = x
+    for _ in range(4):  # milliseconds of GPU a step, launched in microseconds: the host runs steps ahead
+        y = y @ x
+    hfnn.step()
+
+
+for _ in range(steps):
+    step()
+torch.cuda.synchronize(device)
+t0 = time.perf_counter()
+for _ in range(10):  # the step as the GPU runs it, timed by the script itself
+    step()
+torch.cuda.synchronize(device)
+json.dump({"step_ms": (time.perf_counter() - t0) * 100}, open(out, "w"))
+"""
+
+
+def _gpu_device(index):
+    torch = __import__("torch")
+    if not torch.cuda.is_available():
+        return pytest.mark.skip(reason="no CUDA device: GPU-bound steps run on the GPU machine")
+    if torch.cuda.device_count() <= index:
+        return pytest.mark.skip(reason=f"fewer than {index + 1} CUDA devices: kernels on another device than the "
+                                       "current one need two")
+    return ()
+
+
+@pytest.mark.parametrize("device", [pytest.param(0, marks=_gpu_device(0)), pytest.param(1, marks=_gpu_device(1))])
+def test_on_a_gpu_steps_that_never_wait_for_it_are_timed_as_the_gpu_runs_them(tmp_path, device):
+    # The loop never synchronises: on the host a step is its launches, microseconds, and the host
+    # runs ahead until the launch queue is full. Each step's time is the longer of its host and GPU
+    # intervals (CUDA events on the current stream of the device its kernels ran on), so the
+    # recorded, plain and unsampled steps all come out as the step the script times with a sync
+    # around ten of them. On cuda:1 with device 0 current (torchrun without set_device), the
+    # drain at the end of the recorded steps waits for cuda:1: the last step keeps its kernels.
+    (tmp_path / "bound.py").write_text(GPU_BOUND_SCRIPT)
+    # 2 warm-up + 4 recorded + 1 left out + 6 plain = 13.
+    out = profile(tmp_path, "--warmup", "2", "--steps", "4", "--plain-steps", "6", "bound.py", "13",
+                  str(tmp_path / "t.json"), str(device))
+    assert out.returncode == 0, out.stderr
+    true_ms = json.loads((tmp_path / "t.json").read_text())["step_ms"]
+    db = tmp_path / "shapes.db"
+    ((plain_ms,),) = rows(db, "SELECT plain_step_ms FROM ranks")
+    assert 0.7 * true_ms < plain_ms < 1.5 * true_ms, (plain_ms, true_ms)
+    steps = rows(db, "SELECT step, wall_ms, gpu_busy_ms FROM step_stats ORDER BY step")
+    assert len(steps) == 4 and all(0.7 * true_ms < w < 1.5 * true_ms for _, w, _ in steps), (steps, true_ms)
+    assert all(b is not None and 0.5 * true_ms < b <= 1.01 * w for _, w, b in steps), (steps, true_ms)
+    cost = json.loads(report(db, "json"))["profiler_cost"]
+    assert cost["basis"] == "plain" and abs(cost["cost_pct"]) < 30, cost
+    # --sample with --steps 0: the steps between the recorded ones, likewise.
+    out = profile(tmp_path, "--warmup", "2", "--steps", "0", "--sample", "3", "bound.py", "20",
+                  str(tmp_path / "t.json"), str(device), db="sample.db")
+    assert out.returncode == 0, out.stderr
+    true_ms = json.loads((tmp_path / "t.json").read_text())["step_ms"]
+    ((unsampled, unsampled_ms),) = rows(tmp_path / "sample.db", "SELECT unsampled_steps, unsampled_step_ms FROM ranks")
+    assert unsampled >= 10 and 0.7 * true_ms < unsampled_ms < 1.5 * true_ms, (unsampled_ms, true_ms)
+
+
 def test_sample_keeps_the_python_side_labels_on_between_the_recorded_steps(tmp_path):
     # The window's steps all run with the labels (the MultiheadAttention shapes of the recorded
     # ones need them); they come off after it, as without --sample.
