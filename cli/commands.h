@@ -25,6 +25,7 @@ struct ProfileOptions {
   int warmup = 2;
   int steps = 10;
   int plain_steps = 10;
+  int sample = 1;
   std::string report = "text";
   bool quiet = false;
   std::string python;

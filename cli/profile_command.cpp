@@ -71,6 +71,7 @@ int run_child(const std::vector<std::string>& argv, const ProfileOptions& o, con
     setenv("HFNN_PROFILE_WARMUP", std::to_string(o.warmup).c_str(), 1);
     setenv("HFNN_PROFILE_STEPS", std::to_string(o.steps).c_str(), 1);
     setenv("HFNN_PROFILE_PLAIN_STEPS", std::to_string(o.plain_steps).c_str(), 1);
+    setenv("HFNN_PROFILE_SAMPLE", std::to_string(o.sample).c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -170,9 +171,21 @@ CLI::App* setup_profile(CLI::App& app, int& exit_code, const std::vector<std::st
                   "one with no more steps than --warmup records nothing (an error)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--steps", o->steps, "Steps to record, then the script runs on untouched (0: until it ends)")
+  sub->add_option("--steps", o->steps,
+                  "Steps to record (under --sample N, every N-th of them in full), then the script runs on untouched "
+                  "(0: until it ends)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--sample", o->sample,
+                  "Of the steps after --warmup, record every N-th in full (the 1st, the N+1-th, the 2N+1-th, ...) "
+                  "and only time the others, which run with no op callbacks and no CUDA activity, so the profiler "
+                  "costs about 1/N of a full recording: for long runs that keep it on (--steps 0). --steps counts "
+                  "every step, recorded or not (--steps 30 --sample 10: 3 recorded). Op, kernel, shape and step "
+                  "figures are the recorded steps' only; the reports say how many those were and the median of "
+                  "the steps between, which with --steps 0 is the plain step. The device is drained after each "
+                  "recorded step, so its kernels are complete (1: every step in full)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   sub->add_option("--plain-steps", o->plain_steps,
                   "Steps to time after the recorded ones with every collection off (no op callbacks, no CUDA "
                   "activity), after one step left out for the profiler's tear-down: their median is the plain step, "
@@ -236,6 +249,7 @@ int run_profile(const ProfileOptions& o) {
   info.warmup = o.warmup;
   info.steps_requested = o.steps;
   info.plain_steps_requested = o.plain_steps;
+  info.sample_every = o.sample;
   info.exit_code = run_child(argv, o, parts.path);
   info.finished_at = utc_now();
 

@@ -98,6 +98,11 @@ struct RunFacts {
   double basis_step_ms() const { return plain_step_ms.value_or(step_ms); }
   // That step in words, for the evidence: "a 35.00 ms step without the profiler (58.00 ms under it)".
   std::string step_text() const;
+  // The plain step's share of the recorded one (at most 1: a longer plain step is host noise);
+  // empty without a plain step. A CPU time measured under the profiler, times it, is that time
+  // scaled to the plain step, as the busy share and the launch rate are: the profiler stretches the
+  // step's CPU work, and this takes any part of it as stretched as the whole.
+  std::optional<double> plain_share() const;
   // The op's totals, zero when it did not run.
   OpTotals op(const std::string& name) const;
 };

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
+#include <utility>
 
 namespace hfnn::profiles {
 namespace {
@@ -32,17 +34,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        records.push_back({GpuRecord::Kind::kKernel, k->name, k->start, k->end, k->correlationId});
+        records.push_back({GpuRecord::Kind::kKernel, k->name, k->start, k->end, k->correlationId, k->deviceId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        records.push_back({GpuRecord::Kind::kMemcpy, "[memcpy]", m->start, m->end, m->correlationId});
+        records.push_back({GpuRecord::Kind::kMemcpy, "[memcpy]", m->start, m->end, m->correlationId, m->deviceId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        records.push_back({GpuRecord::Kind::kMemset, "[memset]", m->start, m->end, m->correlationId});
+        records.push_back({GpuRecord::Kind::kMemset, "[memset]", m->start, m->end, m->correlationId, m->deviceId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -61,12 +63,92 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   g_correlations.insert(g_correlations.end(), correlations.begin(), correlations.end());
 }
 
-// External correlation records come only for API calls CUPTI traces (seen on H200, CUPTI 13.0:
-// none at all with the kernel kinds alone), so the runtime and driver API kinds are on too; their
-// own records are dropped as they arrive.
+// What the join needs: kernels, memcpy and memset with their times, and the external correlation
+// records that tie each launching API call to the op that made it.
 const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                     CUPTI_ACTIVITY_KIND_MEMSET,           CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
-                                     CUPTI_ACTIVITY_KIND_RUNTIME,          CUPTI_ACTIVITY_KIND_DRIVER};
+                                     CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+// External correlation records come only for API calls CUPTI traces (seen on H200, CUPTI 13.0:
+// none at all with the kernel kinds alone). Tracing every runtime and driver API call (the RUNTIME
+// and DRIVER kinds) costs CPU time in each of them, and torch makes several per op that put
+// nothing on the GPU (cudaGetDevice, cudaGetLastError, stream and event queries); so only the
+// calls that do are traced: those whose names hold "Launch", "Memcpy" or "Memset"
+// (cudaLaunchKernel, __cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernelEx, cudaGraphLaunch,
+// cudaMemcpyAsync, cuMemsetD32Async, ...), picked by name from CUPTI's own callback table, so the
+// entry points of a newer CUDA are in too. Where CUPTI refuses that, or HFNN_CUPTI_API=all asks
+// for it (to compare), both kinds whole, as before. The API records themselves are dropped as
+// they arrive.
+const CUpti_ActivityKind kApiKinds[] = {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
+constexpr uint32_t kMaxCallbackId = 4096;  // past every CUPTI 13 table (523 runtime, 807 driver ids)
+
+std::vector<std::pair<CUpti_CallbackDomain, uint32_t>> g_apis;  // the API calls traced one by one
+bool g_all_apis = false;
+bool g_paused = false;
+std::string g_traced;
+
+bool puts_work_on_the_gpu(const char* name) {
+  const std::string_view n(name);
+  return n.find("Launch") != std::string_view::npos || n.find("Memcpy") != std::string_view::npos ||
+         n.find("Memset") != std::string_view::npos;
+}
+
+CUptiResult enable_api(CUpti_CallbackDomain domain, uint32_t cbid, uint8_t enable) {
+  return domain == CUPTI_CB_DOMAIN_RUNTIME_API ? cuptiActivityEnableRuntimeApi(cbid, enable)
+                                               : cuptiActivityEnableDriverApi(cbid, enable);
+}
+
+// Every kind and traced API call on (1) or off (0), the lists kept.
+CUptiResult set_tracing(uint8_t on) {
+  CUptiResult r = CUPTI_SUCCESS;
+  for (auto kind : kKinds)
+    if (const CUptiResult k = on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind); r == CUPTI_SUCCESS) r = k;
+  for (const auto& [domain, cbid] : g_apis)
+    if (const CUptiResult k = enable_api(domain, cbid, on); r == CUPTI_SUCCESS) r = k;
+  if (g_all_apis)
+    for (auto kind : kApiKinds)
+      if (const CUptiResult k = on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind); r == CUPTI_SUCCESS) r = k;
+  return r;
+}
+
+void untrace_apis() {
+  for (const auto& [domain, cbid] : g_apis) enable_api(domain, cbid, 0);
+  g_apis.clear();
+  if (g_all_apis)
+    for (auto kind : kApiKinds) cuptiActivityDisable(kind);
+  g_all_apis = false;
+}
+
+CUptiResult trace_all_apis() {
+  untrace_apis();
+  g_all_apis = true;
+  g_traced = "every runtime and driver API call";
+  CUptiResult r = CUPTI_SUCCESS;
+  for (size_t i = 0; r == CUPTI_SUCCESS && i < std::size(kApiKinds); ++i) r = cuptiActivityEnable(kApiKinds[i]);
+  return r;
+}
+
+// The launch, memcpy and memset calls alone; false (nothing traced) where CUPTI refuses.
+bool trace_launch_apis() {
+  int runtime = 0, driver = 0;
+  for (const auto domain : {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API}) {
+    for (uint32_t cbid = 1; cbid < kMaxCallbackId; ++cbid) {
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name || !puts_work_on_the_gpu(name)) continue;
+      if (enable_api(domain, cbid, 1) != CUPTI_SUCCESS) {
+        untrace_apis();
+        return false;
+      }
+      g_apis.emplace_back(domain, cbid);
+      ++(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? runtime : driver);
+    }
+  }
+  if (runtime == 0) {  // no names: not a CUPTI that can say
+    untrace_apis();
+    return false;
+  }
+  g_traced = "launch, memcpy and memset calls (" + std::to_string(runtime) + " runtime and " + std::to_string(driver) +
+             " driver APIs)";
+  return true;
+}
 
 std::string describe(CUptiResult r) {
   const char* text = nullptr;
@@ -80,7 +162,12 @@ bool CuptiActivity::start(std::string* why_not) {
   if (g_active) return true;
   CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
   for (size_t i = 0; r == CUPTI_SUCCESS && i < std::size(kKinds); ++i) r = cuptiActivityEnable(kKinds[i]);
+  if (r == CUPTI_SUCCESS) {
+    const char* all = std::getenv("HFNN_CUPTI_API");
+    if ((all && std::string_view(all) == "all") || !trace_launch_apis()) r = trace_all_apis();
+  }
   if (r != CUPTI_SUCCESS) {
+    untrace_apis();
     for (auto kind : kKinds) cuptiActivityDisable(kind);
     if (why_not) *why_not = describe(r);
     return false;
@@ -92,7 +179,29 @@ bool CuptiActivity::start(std::string* why_not) {
 void CuptiActivity::stop() {
   if (!g_active.exchange(false)) return;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  untrace_apis();
   for (auto kind : kKinds) cuptiActivityDisable(kind);
+  g_paused = false;
+}
+
+void CuptiActivity::pause() {
+  if (!g_active || g_paused) return;
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  set_tracing(0);
+  g_paused = true;
+}
+
+void CuptiActivity::resume() {
+  if (!g_active || !g_paused) return;
+  set_tracing(1);
+  g_paused = false;
+}
+
+std::string CuptiActivity::traced_apis() { return g_active ? g_traced : std::string(); }
+
+bool CuptiActivity::trace_every_api() {
+  if (!g_active || g_paused || g_all_apis) return false;
+  return trace_all_apis() == CUPTI_SUCCESS;
 }
 
 void CuptiActivity::push(uint64_t external) {

@@ -76,6 +76,13 @@ ALTER TABLE runs ADD COLUMN plain_steps_requested INTEGER;
 ALTER TABLE ranks ADD COLUMN plain_steps INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE ranks ADD COLUMN plain_step_ms REAL;
 )sql",
+    // 5 -> 6: --sample (issue 13): every N-th of the recorded steps in full (NULL: every one, as
+    // before), and per process the steps in between, timed only: how many and their median.
+    R"sql(
+ALTER TABLE runs ADD COLUMN sample_every INTEGER;
+ALTER TABLE ranks ADD COLUMN unsampled_steps INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE ranks ADD COLUMN unsampled_step_ms REAL;
+)sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
@@ -217,8 +224,8 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
   try {
     Statement ins(db_,
                   "INSERT INTO runs(command, started_at, finished_at, exit_code, world_size, warmup, steps_requested,"
-                  " steps_recorded, torch, hfnn, cuda, gpu, compute_capability, sm_count, plain_steps_requested)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                  " steps_recorded, torch, hfnn, cuda, gpu, compute_capability, sm_count, plain_steps_requested,"
+                  " sample_every) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     ins.bind(1, run.command).bind(2, run.started_at).bind(3, run.finished_at).bind(4, int64_t{run.exit_code});
     ins.bind(5, static_cast<int64_t>(meta.value("world_size", 1)));
     ins.bind(6, int64_t{run.warmup}).bind(7, int64_t{run.steps_requested}).bind(8, steps_recorded);
@@ -234,11 +241,12 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
     if (gpu.is_object() && gpu.contains("sm_count")) ins.bind(14, gpu["sm_count"].get<int64_t>());
     else ins.bind_null(14);
     ins.bind(15, int64_t{run.plain_steps_requested});
+    ins.bind(16, int64_t{run.sample_every});
     ins.step();
     const int64_t run_id = sqlite3_last_insert_rowid(db_);
 
     Statement rank_row(db_, "INSERT INTO ranks(run_id, rank, host, pid, steps_recorded, step_boundaries, plain_steps,"
-                            " plain_step_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+                            " plain_step_ms, unsampled_steps, unsampled_step_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     Statement op_row(db_,
                      "INSERT INTO op_stats(run_id, rank, name, phase, calls, cpu_total_us, cpu_self_us, cuda_total_us,"
                      " cuda_self_us, forward_op) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
@@ -262,6 +270,11 @@ int64_t Database::add_run(const RunInfo& run, const std::vector<nlohmann::json>&
       rank_row.bind(7, static_cast<int64_t>(plain.size()));
       if (plain.empty()) rank_row.bind_null(8);
       else rank_row.bind(8, median(std::move(plain)));
+      // Under --sample, the steps between the recorded ones, likewise.
+      std::vector<double> unsampled = part.value("unsampled_step_ms", std::vector<double>());
+      rank_row.bind(9, static_cast<int64_t>(unsampled.size()));
+      if (unsampled.empty()) rank_row.bind_null(10);
+      else rank_row.bind(10, median(std::move(unsampled)));
       rank_row.step();
       rank_row.reset();
       for (const auto& o : part["ops"]) {

@@ -15,7 +15,7 @@
 
 namespace hfnn::profiles {
 
-inline constexpr int kSchemaVersion = 5;
+inline constexpr int kSchemaVersion = 6;
 
 // One line, naming the file and what would fix it.
 struct DbError : std::runtime_error {
@@ -31,6 +31,7 @@ struct RunInfo {
   int warmup = 0;
   int steps_requested = 0;
   int plain_steps_requested = 0;  // --plain-steps
+  int sample_every = 1;           // --sample: every N-th of the recorded steps in full, the others timed only
 };
 
 class Database {

@@ -21,8 +21,10 @@ struct RankSteps {
   int64_t rank = 0;
   int64_t steps = 0;               // recorded
   double profiled_ms = 0;          // median wall time of a recorded step
-  int64_t plain_steps = 0;         // timed with collection off
+  int64_t plain_steps = 0;         // timed with collection off (the unsampled ones where no others were)
   std::optional<double> plain_ms;  // their median
+  int64_t unsampled_steps = 0;         // --sample: timed between the recorded ones
+  std::optional<double> unsampled_ms;  // their median
 };
 
 struct PlainStep {
@@ -31,6 +33,13 @@ struct PlainStep {
   std::optional<double> plain_ms;      // the ranks' plain steps, mean over those that have one
   double profiled_ms = 0;              // the same ranks' recorded step (every rank's without a plain step)
   int64_t plain_steps = 0;             // the fewest plain steps behind a rank's plain step
+  // --sample N (1: every recorded step in full). The steps between the recorded ones run with
+  // collection off, like plain steps: where no plain step was timed after the recorded ones
+  // (--steps 0, a profiler left on), their median is the plain step (from_unsampled).
+  int64_t sample_every = 1;
+  int64_t unsampled_steps = 0;         // the fewest behind a rank's median
+  std::optional<double> unsampled_ms;  // the ranks' medians, mean
+  bool from_unsampled = false;
   // Without a plain step: why, and what gives one. With fewer plain steps than asked: that.
   std::string note;
 
@@ -45,7 +54,9 @@ PlainStep read_plain_step(Database& db, int64_t run_id);
 double median(std::vector<double> values);
 // The report's "profiler_cost": plain_step_ms (null without one), profiled_step_ms, cost_pct
 // (null without one), plain_steps, plain_steps_requested (null: not timed by that hfnn), basis
-// ("plain" or "profiled"), note, and text: the sentence every report prints.
+// ("plain" or "profiled"), plain_from ("after": steps timed after the recorded ones, "between":
+// --sample's unsampled steps, null), sample_every, unsampled_steps, unsampled_step_ms (null
+// without), note, and text: the sentences every report prints.
 nlohmann::json plain_step_json(const PlainStep& plain);
 
 }  // namespace hfnn::profiles

@@ -34,6 +34,7 @@
 
 #include "kernels/layer_norm/layer_norm.h"
 #include "kernels/layer_norm/layer_norm_family.h"
+#include "profiles/collector.h"
 #include "src/dispatch.h"
 #include "src/kernel_dtype.h"
 #include "src/layer_norm_select.h"
@@ -489,6 +490,7 @@ Triple fwd_cuda(const Tensor& input, at::IntArrayRef normalized_shape, const std
 Triple bwd_cuda(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
                 const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                 std::array<bool, 3> output_mask, c10::string_view variant) {
+  profiles::note_layer_norm(input, normalized_shape, weight && weight->defined(), true);  // hfnn profile's shape
   return bwd_impl(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask, variant, Caller::kHfnn);
 }
 
@@ -527,6 +529,7 @@ Triple fwd_cpu(const Tensor& input, at::IntArrayRef normalized_shape, const std:
 Triple bwd_cpu(const Tensor& grad_out, const Tensor& input, at::IntArrayRef normalized_shape, const Tensor& mean,
                const Tensor& rstd, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                std::array<bool, 3> output_mask, c10::string_view variant) {
+  profiles::note_layer_norm(input, normalized_shape, weight && weight->defined(), true);  // hfnn profile's shape
   TORCH_CHECK(variant.empty(), "hfnn.layer_norm: variant '", std::string(variant),
               "' cannot run: the input is not a CUDA tensor");
   return torch_bwd(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
@@ -605,6 +608,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
 Tensor layer_norm_autograd(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                            const std::optional<Tensor>& bias, double eps) {
+  profiles::note_layer_norm(input, normalized_shape, weight && weight->defined(), false);  // hfnn profile's shape
   return LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
 }
 
@@ -633,6 +637,7 @@ Tensor layer_norm_autocast(const Tensor& input, at::IntArrayRef normalized_shape
 // Below autograd (inference mode, no_grad inside a traced graph): the forward alone.
 Tensor layer_norm_plain(const Tensor& input, at::IntArrayRef normalized_shape, const std::optional<Tensor>& weight,
                         const std::optional<Tensor>& bias, double eps) {
+  profiles::note_layer_norm(input, normalized_shape, weight && weight->defined(), false);  // hfnn profile's shape
   return std::get<0>(fwd_op().call(input, normalized_shape, weight, bias, eps, ""));
 }
 

@@ -7,8 +7,9 @@ it starts hfnn's in-process collector (profiles/collector.cpp), passes it what t
 records about the run, and makes sure the part is written however the script ends: normal exit,
 an exception, Ctrl-C or SIGTERM (each step also rewrites it, so even a crash leaves the steps
 finished before it). Its Python-side labels (the MultiheadAttention, hfnn.nn.LSTM and
-synchronize scopes) come off at the first step after the recorded ones (after_step), so the plain
-steps the collector times then, and every step after, run as without hfnn.
+synchronize scopes, and the one around torch's LSTM that lets the collector read its inputs) come
+off at the first step after the recorded ones (after_step), so the plain steps the collector times
+then, and every step after, run as without hfnn.
 """
 from __future__ import annotations
 
@@ -117,6 +118,24 @@ def _record_attention_shapes(torch):
     return lambda: setattr(nn.MultiheadAttention, "forward", original)
 
 
+def _box_lstm_inputs(torch):
+    """Wraps torch._VF.lstm, which nn.LSTM.forward calls (and hfnn.nn.LSTM's fall-back to it), in a
+    record_function scope named `hfnn.inputs|lstm`: the collector asks torch for the inputs of the
+    ops inside such scopes only (boxing every op's inputs was a third of its cost per op), and
+    aten::lstm's inputs are what its shape record reads. Only in profiled processes."""
+    from torch import _VF
+
+    original = _VF.lstm
+    record_function = torch.autograd.profiler.record_function
+
+    def lstm(*args, **kwargs):
+        with record_function("hfnn.inputs|lstm"):
+            return original(*args, **kwargs)
+
+    _VF.lstm = lstm  # found before the module's __getattr__, which forwards to torch._C._VariableFunctions
+    return lambda: _VF.__dict__.pop("lstm", None)
+
+
 def _record_syncs(torch):
     """Wraps torch.cuda.synchronize, torch.cuda.Stream.synchronize and torch.cuda.Event.synchronize in
     record_function scopes of those names: the host waits for the GPU in each, and no torch op runs
@@ -154,9 +173,11 @@ def _install() -> None:
         "warmup": int(os.environ.get("HFNN_PROFILE_WARMUP", "0")),
         "steps": int(os.environ.get("HFNN_PROFILE_STEPS", "0")),
         "plain_steps": int(os.environ.get("HFNN_PROFILE_PLAIN_STEPS", "0")),
+        "sample": int(os.environ.get("HFNN_PROFILE_SAMPLE", "1")),
         "meta": _meta(),
     }
     _labels.append(_record_attention_shapes(torch))
+    _labels.append(_box_lstm_inputs(torch))
     _labels.append(_record_syncs(torch))
     from . import nn as hfnn_nn
 

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,34 @@ def test_for_loop_optimizer_is_told_to_use_foreach_or_fused(profiled):
         ((optimizer_us,),) = con.execute("SELECT sum(cpu_total_us) FROM op_stats WHERE run_id = ? AND name LIKE"
                                          " 'Optimizer.step#%'", (LOOP_RUN,)).fetchall()
     assert a["saving_ms"] == pytest.approx(optimizer_us / 4 / 1e3) and "upper bound" in a["saving_note"]
+    assert "(no plain step)" in a["evidence"] and "no plain step to scale it to" in a["saving_note"]
+
+
+def test_the_optimizer_saving_is_scaled_to_the_plain_step(profiled, tmp_path):
+    # The optimizer step's CPU time is measured under the profiler, which pays the observer for each
+    # of its ops: with a plain step half the recorded one, the saving is half that time, as the
+    # other rules take the plain step. A plain step longer than the recorded one (host noise)
+    # scales nothing.
+    with sqlite3.connect(profiled) as con:
+        ((optimizer_us,),) = con.execute("SELECT sum(cpu_total_us) FROM op_stats WHERE run_id = ? AND name LIKE"
+                                         " 'Optimizer.step#%'", (LOOP_RUN,)).fetchall()
+        walls = [w for (w,) in con.execute("SELECT wall_ms FROM step_stats WHERE run_id = ?", (LOOP_RUN,))]
+    under_ms = optimizer_us / 4 / 1e3
+
+    def with_plain_step(share):  # a plain step `share` of the recorded one (its median, as the reports take it)
+        return ["UPDATE runs SET plain_steps_requested = 10",
+                f"UPDATE ranks SET plain_steps = 10, plain_step_ms = {share * statistics.median(walls)!r}"]
+
+    data, text, html = reports(gpu_copy(profiled, tmp_path, with_plain_step(0.5)), LOOP_RUN)
+    a = assert_shown("optimizer_foreach", data, text, html)
+    assert data["profiler_cost"]["plain_step_ms"] / data["profiler_cost"]["profiled_step_ms"] == pytest.approx(0.5)
+    assert a["saving_ms"] == pytest.approx(under_ms * 0.5, rel=1e-6)
+    assert "(x0.50)" in a["saving_note"] and "scaled to the plain step" in a["saving_note"]
+    assert f"took {under_ms:.2f} ms of CPU a step under the profiler, about {under_ms * 0.5:.2f} ms without it" in (
+        a["evidence"])
+    data, text, html = reports(gpu_copy(profiled, tmp_path, with_plain_step(3.0)), LOOP_RUN)
+    a = assert_shown("optimizer_foreach", data, text, html)
+    assert a["saving_ms"] == pytest.approx(under_ms) and "(x1.00)" in a["saving_note"]
 
 
 def test_foreach_optimizer_and_a_cpu_run_get_no_advice(profiled):

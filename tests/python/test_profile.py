@@ -108,6 +108,187 @@ def test_backward_records_count_under_their_own_names(tmp_path):
         assert calls[prefix + node] == calls[node], (node, calls)
 
 
+THREADS_SCRIPT = """
+import threading, torch
+p = torch.nn.Parameter(torch.randn(8))
+opt = torch.optim.SGD([p], lr=1e-3)
+a = torch.ones(4)
+
+
+def work():
+    for _ in range(20):
+        torch.sub(a, 1.0)
+
+
+for _ in range(5):
+    for _ in range(30):
+        torch.add(a, 1.0)
+    worker = threading.Thread(target=work)  # a new thread a step: each ends, the next takes its place
+    worker.start()
+    worker.join()
+    (p * 2).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_ops_of_every_thread_are_counted_and_the_warmup_is_not(tmp_path):
+    # Each thread adds to its own totals without a lock; the part sums them, less the warm-up.
+    (tmp_path / "threads.py").write_text(THREADS_SCRIPT)
+    out = profile(tmp_path, "--warmup", "2", "--steps", "3", "threads.py")
+    assert out.returncode == 0, out.stderr
+    calls = dict(rows(tmp_path / "shapes.db", "SELECT name || '/' || phase, calls FROM op_stats"))
+    assert (calls["aten::add/fwd"], calls["aten::sub/fwd"], calls["aten::mul/fwd"]) == (3 * 30, 3 * 20, 3)
+    assert calls["MulBackward0/bwd"] == 3
+
+
+BOXING_SCRIPT = """
+import json, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(3):
+    y = model(torch.randn(16, 32))
+    for _ in range(int(sys.argv[2])):  # ops outside every record whose inputs are read
+        y = y * 1.0
+    y.square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
+"""
+
+
+def snapshots_with_more_ops(tmp_path, script, more, *args):
+    """The collector's snapshot at the end of `script` (it writes it to argv[1]) profiled with
+    --steps 0 and `args`, run twice: with 0 and with `more` extra ops a step (argv[2])."""
+    (tmp_path / "snap.py").write_text(script)
+    snaps = []
+    for extra in (0, more):
+        snap_path = tmp_path / f"snap-{extra}.json"
+        out = profile(tmp_path, "-q", "--steps", "0", *args, "snap.py", str(snap_path), str(extra), db=f"snap-{extra}.db")
+        assert out.returncode == 0, out.stderr
+        snaps.append(json.loads(snap_path.read_text()))
+    return snaps
+
+
+def test_inputs_are_boxed_only_where_a_shape_is_read(tmp_path):
+    # torch copies an op's inputs into IValues only for observers that ask for them: the collector
+    # asks inside LayerNorm's and the GEMMs' records (nn.Linear's aten::linear, their backward
+    # nodes; and torch's LSTM's), not for every op, and still records every LayerNorm and GEMM
+    # shape, forward and backward. 40 more ops a step outside them are observed, not boxed.
+    snaps = snapshots_with_more_ops(tmp_path, BOXING_SCRIPT, 40, "--warmup", "0")
+    observers = [snap["observer"] for snap in snaps]
+    for snap in snaps:
+        calls = {}
+        for shape in snap["shapes"]:
+            calls[shape["op"], shape["phase"]] = calls.get((shape["op"], shape["phase"]), 0) + shape["calls"]
+        # Per step: 1 LayerNorm; 2 addmm forward; mm for 1 + 2 gradients (the input needs none).
+        assert calls == {("layer_norm", "fwd"): 3, ("layer_norm", "bwd"): 3, ("gemm", "fwd"): 6, ("gemm", "bwd"): 9}
+    assert 0 < observers[0]["records_with_inputs"] == observers[1]["records_with_inputs"], observers
+    assert observers[1]["records"] >= observers[0]["records"] + 3 * 40 * 2, observers  # each mul and its node
+    assert 2 * observers[0]["records_with_inputs"] < observers[0]["records"], observers
+
+
+GEMM_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+w = nn.Parameter(torch.randn(12, 20))
+b3 = nn.Parameter(torch.randn(2, 20, 6))
+att = nn.MultiheadAttention(16, 2, batch_first=True)
+opt = torch.optim.SGD([w, b3, *att.parameters()], lr=1e-3)
+for _ in range(4):
+    y = torch.randn(5, 12) @ w
+    z = torch.einsum("bij,bjk->bik", y.reshape(1, 5, 20).expand(2, 5, 20), b3)
+    q = torch.randn(3, 7, 16)
+    a, weights = att(q, q, q, need_weights=True)
+    direct = torch.mm(torch.randn(3, 4), torch.randn(4, 9))
+    (z.sum() + a.sum() + weights.sum() + direct.sum()).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_gemm_shapes_are_read_inside_matmul_einsum_attention_and_their_backward(tmp_path):
+    # The advice's GEMM records need the GEMM's inputs, which torch boxes only inside the records
+    # the collector names (collector.cpp, kBoxingRecords): @ (aten::matmul), einsum, the
+    # MultiheadAttention scope (its need_weights path calls bmm itself; its projections F.linear),
+    # and the GEMM backward nodes. A torch.mm called directly from Python is timed as an op, its
+    # shape not read: that would take boxing every op's inputs.
+    (tmp_path / "gemm.py").write_text(GEMM_SCRIPT)
+    out = profile(tmp_path, "-q", "--warmup", "1", "--steps", "3", "gemm.py")
+    assert out.returncode == 0, out.stderr
+    db = tmp_path / "shapes.db"
+    fwd = set(rows(db, "SELECT shape, flags FROM shape_stats WHERE op = 'gemm' AND phase = 'fwd' AND calls = 3"))
+    assert fwd == {("[5,20,12]", "op=mm,tf32=0"),  # @
+                   ("[5,6,20]", "op=bmm,batch=2,tf32=0"),  # einsum
+                   ("[21,48,16]", "op=mm,tf32=0"), ("[21,16,16]", "op=addmm,tf32=0"),  # the projections
+                   ("[7,7,8]", "op=bmm,batch=6,tf32=0"), ("[7,8,7]", "op=bmm,batch=6,tf32=0")}  # q k^T, p v
+    bwd = {shape for shape, in rows(db, "SELECT shape FROM shape_stats WHERE op = 'gemm' AND phase = 'bwd'")}
+    assert {"[12,20,5]", "[5,20,6]", "[20,6,5]", "[48,16,21]", "[7,8,7]"} <= bwd, bwd  # w, y, b3, in_proj, attention
+    assert "[3,9,4]" not in bwd | {shape for shape, _ in fwd}
+    assert rows(db, "SELECT calls FROM op_stats WHERE name = 'aten::mm' AND phase = 'fwd'") == [(9,)]  # with torch.mm
+
+
+HOST_COPY_SCRIPT = """
+import json, sys, torch, hfnn
+x = torch.randn(64, 64, device="cuda")
+h = x.bfloat16()
+for _ in range(5):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(int(sys.argv[2])):
+            torch.softmax(h, -1)  # autocast casts h to float32 inside aten::softmax's record
+    s = x.sum(0)
+    s.cpu()
+    s.to("cpu", non_blocking=True)
+    s.tolist()
+    hfnn.step()
+torch.cuda.synchronize()
+json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device: copies to the host and autocast's casts run on the GPU machine")
+def test_copies_to_the_host_are_read_where_python_calls_them_and_casts_inside_ops_are_not_boxed(tmp_path):
+    # .cpu(), .to("cpu", non_blocking=True) and .tolist() reach aten::copy_ through aten::to called
+    # from Python: their inputs are boxed and each is a copy_to_host record. The casts autocast makes
+    # inside aten::softmax's record are aten::to too, but not called from Python: 20 more a step
+    # leave the boxed records as they were.
+    snaps = snapshots_with_more_ops(tmp_path, HOST_COPY_SCRIPT, 20, "--warmup", "1")
+    observers = [snap["observer"] for snap in snaps]
+    for snap in snaps:
+        copies = {(c["shape"], c["dtype"], c["flags"]): c["calls"] for c in snap["shapes"] if c["op"] == "copy_to_host"}
+        assert copies == {("[64]", "float32", "non_blocking=0"): 8, ("[64]", "float32", "non_blocking=1"): 4}, copies
+    assert 0 < observers[0]["records_with_inputs"] == observers[1]["records_with_inputs"], observers
+    assert observers[1]["records"] >= observers[0]["records"] + 5 * 20 * 2, observers  # softmax and its cast
+
+
+HFNN_LAYER_NORM_SCRIPT = """
+import torch, hfnn
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), hfnn.nn.LayerNorm(64), torch.nn.ReLU(),
+                            hfnn.nn.LayerNorm(64, elementwise_affine=False))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(4):
+    model(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_hfnn_layer_norm_shapes_are_recorded_once_per_call(tmp_path):
+    # hfnn.nn.LayerNorm calls hfnn::layer_norm from Python; on the CPU it runs torch's kernel inside
+    # it, whose record (the innermost) keeps the shape: once a call, forward and backward.
+    (tmp_path / "hfnn_ln.py").write_text(HFNN_LAYER_NORM_SCRIPT)
+    out = profile(tmp_path, "--warmup", "1", "--steps", "3", "hfnn_ln.py")
+    assert out.returncode == 0, out.stderr
+    shapes = rows(tmp_path / "shapes.db", "SELECT shape, dtype, affine, phase, calls FROM shape_stats WHERE op ="
+                                          " 'layer_norm' ORDER BY affine, phase")
+    assert shapes == [("[16,64]", "float32", 0, "bwd", 3), ("[16,64]", "float32", 0, "fwd", 3),
+                      ("[16,64]", "float32", 1, "bwd", 3), ("[16,64]", "float32", 1, "fwd", 3)]
+
+
 def test_the_database_does_not_grow_with_steps(tmp_path):
     sizes = []
     for steps in (10, 400):
@@ -326,6 +507,38 @@ def test_cuda_time_lands_on_the_ops_that_launched_it(tmp_path):
     assert "Top kernels by CUDA time" in out.stdout and "ranked by CUDA self time" in out.stdout
 
 
+CUPTI_SCRIPT = """
+import json, sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(4):
+    model(torch.randn(16, 32, device="cuda")).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+torch.cuda.synchronize()
+json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA device: the CUPTI path runs on the GPU machine")
+@pytest.mark.parametrize("apis", ["launch", "all"])
+def test_cupti_traces_the_launch_calls_and_every_kernel_finds_its_op(tmp_path, apis):
+    # CUPTI's correlation records come for the API calls it traces: the launch, memcpy and memset
+    # calls alone (default), or every call (HFNN_CUPTI_API=all, as before): either way each kernel
+    # is joined to the op that launched it.
+    (tmp_path / "cupti.py").write_text(CUPTI_SCRIPT)
+    env = dict(os.environ, HFNN_CUPTI_API="all") if apis == "all" else None
+    out = profile(tmp_path, "-q", "--warmup", "0", "--steps", "0", "cupti.py", str(tmp_path / "snap.json"), env=env)
+    assert out.returncode == 0, out.stderr
+    snap = json.loads((tmp_path / "snap.json").read_text())
+    expected = "launch, memcpy and memset calls" if apis == "launch" else "every runtime and driver API call"
+    assert snap["meta"]["cupti_api"].startswith(expected), snap["meta"]
+    records = snap["gpu_records"]
+    assert records["attributed"] > 20 and records["no_correlation"] <= 0.01 * records["drained"], records
+    ops = {o["name"]: o for o in snap["ops"] if o["phase"] == "fwd"}
+    assert ops["aten::addmm"]["cuda_self_us"] > 0 and ops["aten::native_layer_norm"]["cuda_self_us"] > 0
+
+
 AUTOCAST_SCRIPT = """
 import sys, torch, hfnn
 layer = (hfnn.nn.LayerNorm if sys.argv[1] == "hfnn" else torch.nn.LayerNorm)(64).cuda()
@@ -369,6 +582,8 @@ def test_lstm_shapes_are_recorded_with_their_settings(tmp_path):
                                            "SELECT shape, dtype, flags, calls FROM shape_stats WHERE op = 'lstm'")
     assert (shape, dtype, calls) == ("[4,32,64]", "float32", 2)
     assert flags == "input=64,hidden=64,layers=1,bidirectional=0,batch_first=1,bias=1,proj=0,dropout=0"
+    # The scope that lets the collector read aten::lstm's inputs is no op of its own.
+    assert rows(tmp_path / "shapes.db", "SELECT count(*) FROM op_stats WHERE name LIKE 'hfnn.inputs%'") == [(0,)]
 
 
 _LSTM_AUTOCAST = r"""
@@ -442,18 +657,21 @@ def test_an_older_database_is_migrated_and_keeps_its_runs(tmp_path):
     with sqlite3.connect(db) as con:  # back to schema 1: no flags column
         con.execute("ALTER TABLE shape_stats DROP COLUMN flags")
         con.execute("ALTER TABLE op_stats DROP COLUMN forward_op")
-        for table, column in (("runs", "plain_steps_requested"), ("ranks", "plain_steps"), ("ranks", "plain_step_ms")):
+        for table, column in (("runs", "plain_steps_requested"), ("ranks", "plain_steps"), ("ranks", "plain_step_ms"),
+                              ("runs", "sample_every"), ("ranks", "unsampled_steps"), ("ranks", "unsampled_step_ms")):
             con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         for table in ("tune_winners", "tune_results", "tune_envs"):
             con.execute(f"DROP TABLE {table}")
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     assert profile(tmp_path, "-q", str(SCRIPT), "3").returncode == 0
-    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("5",)]
+    assert rows(db, "SELECT value FROM meta WHERE key = 'schema_version'") == [("6",)]
     assert rows(db, "SELECT count(*) FROM tune_winners") == [(0,)]  # and the tune tables of schema 3
     assert [r[0] for r in rows(db, "SELECT id FROM runs ORDER BY id")] == [1, 2]
     assert rows(db, "SELECT DISTINCT flags FROM shape_stats WHERE op = 'layer_norm'") == [("",)]
     # The first run predates the plain step (NULL: not timed), the second asked for the default 10.
     assert rows(db, "SELECT plain_steps_requested FROM runs ORDER BY id") == [(None,), (10,)]
+    # Likewise --sample (NULL: every recorded step in full, as then), and the default 1.
+    assert rows(db, "SELECT sample_every FROM runs ORDER BY id") == [(None,), (1,)]
 
 
 def test_csv_report_has_the_same_content_as_json(tmp_path):
