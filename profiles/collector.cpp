@@ -841,11 +841,17 @@ void attribute_locked(State& s, bool forced) {
   }
 }
 
-// Keeps the op calls of the last two steps: kernels finish after the CPU has moved on.
+// Keeps the op calls of the last two steps and of every step whose end the GPU has not reached yet
+// (its end event pending, step_times.h): kernels finish after the CPU has moved on, and a loop that
+// never waits for the GPU runs ahead of it by as many steps as the launch queue holds (up to
+// GpuStepTimes::kSlots / 2). Forgetting a step's calls before its kernels' records arrive would
+// leave those kernels unattributed and the step's busy time 0.
 void forget_old_locked(State& s) {
-  if (s.step_first_id.size() < 2) return;
-  const uint64_t keep_from = s.step_first_id[s.step_first_id.size() - 2];
-  for (; s.settled_steps + 2 < s.step_intervals.size(); ++s.settled_steps) settle_busy(s, s.settled_steps);
+  s.step_times.settle(false);
+  const size_t behind = 2 + s.step_times.pending();
+  if (s.step_first_id.size() < behind) return;
+  const uint64_t keep_from = s.step_first_id[s.step_first_id.size() - behind];
+  for (; s.settled_steps + behind < s.step_intervals.size(); ++s.settled_steps) settle_busy(s, s.settled_steps);
   s.join.forget_before(keep_from);
 }
 // The recorded steps so far, complete: the devices drained so their last kernels finish, every
