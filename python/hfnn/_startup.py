@@ -1,4 +1,5 @@
-"""Start-up hook: imported by hfnn_startup.pth in every Python process, but only when
+"""Start-up hook: imported (through hfnn_boot, once torch can be imported) by hfnn_startup.pth in every
+Python process, but only when
 HFNN_PROFILE_DIR (`hfnn profile`) or HFNN_DISPATCH_DB (training with tuned kernels, _dispatch.py)
 is set: the .pth checks the variables before importing anything, so it does nothing at all otherwise.
 

@@ -444,6 +444,37 @@ def test_startup_hook_does_nothing_without_the_variable():
     assert out.stdout.strip() == "False False"
 
 
+def test_startup_hook_waits_for_torch_in_a_venv_that_takes_torch_from_the_base(tmp_path):
+    # A venv made with --system-site-packages, hfnn installed in it, torch only in the base: site
+    # runs the venv's .pth files before the base site-packages are on sys.path, so torch (and hfnn,
+    # which imports it) cannot be imported yet. Emulated here: the venv gets hfnn and hfnn_boot
+    # through a path .pth that sorts first, and hfnn_startup.pth; torch stays in the base. The hook
+    # must wait for the script's `import torch`, then start the collector, without a traceback.
+    import venv
+
+    import hfnn
+    import hfnn_boot
+
+    venv.create(tmp_path / "env", system_site_packages=True, with_pip=False)
+    (site_dir,) = (tmp_path / "env").glob("lib/python*/site-packages")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "hfnn").symlink_to(Path(hfnn.__file__).parent)
+    (only / "hfnn_boot.py").symlink_to(Path(hfnn_boot.__file__))
+    (site_dir / "00_hfnn_only.pth").write_text(f"{only}\n")
+    shutil.copy(Path(hfnn_boot.__file__).with_name("hfnn_startup.pth"), site_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
+    env.update(HFNN_PROFILE_DIR=str(tmp_path / "parts"), HFNN_PROFILE_WARMUP="0", HFNN_PROFILE_STEPS="0")
+    (tmp_path / "parts").mkdir()
+    probe = ("import sys; early = 'hfnn._startup' in sys.modules; import torch; "
+             "print(early, 'hfnn._startup' in sys.modules, torch.ones(2).add(1).sum().item())")
+    out = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.split() == ["False", "True", "4.0"], (out.stdout, out.stderr)
+    assert list((tmp_path / "parts").iterdir()), "the collector wrote no part"
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
