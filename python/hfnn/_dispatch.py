@@ -2,7 +2,7 @@
 
     HFNN_DISPATCH_DB=shapes.db python train.py      (or the same under torchrun)
 
-The start-up hook (hfnn_startup.pth -> hfnn._startup) calls install() in every Python process when
+The start-up hook (hfnn_startup.pth -> hfnn_boot -> hfnn._startup) calls install() in every Python process when
 the variable is set. The op library reads the table once into memory and registers its kernels
 over torch's aten::native_layer_norm and its backward, so every LayerNorm (nn.LayerNorm,
 F.layer_norm, custom modules calling them) runs the winner for its shape on this GPU, under
