@@ -16,7 +16,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-import hfnn  # noqa: F401  (registers torch.ops.hfnn)
+import hfnn  # registers torch.ops.hfnn
 
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,6 +35,14 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--timeout", type=float, default=120)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("scripts/layer_norm_smoke.py: no CUDA device; run it on the GPU machine "
+                 "(SMOKE_VARIANTS=... bash scripts/device_run.sh smoke)")
+    known = {v for names in hfnn.layer_norm_variants().values() for v in names}
+    unknown = [v for v in args.variants if v not in known]
+    if unknown:
+        sys.exit(f"scripts/layer_norm_smoke.py: --variants: unknown {', '.join(unknown)}; "
+                 f"this build has {', '.join(sorted(known))}")
     current = ["start"]
 
     def watchdog():
@@ -51,6 +59,7 @@ def main():
                 for rows in args.rows:
                     current[0] = f"{name} {dt} {rows}x{cols}"
                     timer = threading.Timer(args.timeout, watchdog)
+                    timer.daemon = True  # an exception ends the script without waiting for it
                     timer.start()
                     torch.manual_seed(rows * 7 + cols)
                     x = (torch.randn(rows, cols, device="cuda") * 2 + 0.5).to(dtype)
