@@ -168,6 +168,10 @@ def measure(args):
     def picked(names):
         return [v for v in names if any(fnmatch.fnmatchcase(v, g) for g in args.variants)]
 
+    if "variants" in args.candidates and not picked(variants["fwd"] + variants["bwd"]):
+        sys.exit(f"bench/layer_norm_sweep.py: --variants {' '.join(args.variants)} matches no variant of this build; "
+                 f"names look like {variants['fwd'][0]} or {variants['bwd'][0]}")
+
     def timed(calls):
         times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
         return statistics.median(times), statistics.quantiles(times, n=5)
