@@ -70,17 +70,17 @@ def floor_observer(build_dir):
                        build_directory=str(build_dir), verbose=False)
 
 
-def _workload(name, torch):
-    """(one pass of the workload as a function of its iteration count, ops per iteration guess)."""
+def _workload(name, torch, device="cpu"):
+    """One pass of the workload as a function of its iteration count, on `device`."""
     if name == "add":
-        a, b = torch.ones(4), torch.ones(4)
+        a, b = torch.ones(4, device=device), torch.ones(4, device=device)
 
         def run(n):
             for _ in range(n):
                 torch.add(a, b)
         return run
     if name == "view":
-        x = torch.ones(4, 4)
+        x = torch.ones(4, 4, device=device)
 
         def run(n):
             for _ in range(n):
@@ -88,9 +88,9 @@ def _workload(name, torch):
                 x.t()
                 x[0]
         return run
-    model = torch.nn.Linear(16, 16)
+    model = torch.nn.Linear(16, 16).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = torch.ones(8, 16)
+    data = torch.ones(8, 16, device=device)
 
     def run(n):
         for _ in range(n):
@@ -107,8 +107,10 @@ def child(args) -> None:
     torch.set_num_threads(1)
     if args.mode == "floor":
         floor_observer(args.floor_dir).observe()
-    run = _workload(args.workload, torch)
+    run = _workload(args.workload, torch, args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     run(200)  # warm-up: first calls, caches
+    sync()
     records = None
     if args.mode.startswith("hfnn"):
         # The records one pass makes, counted by the collector itself (its snapshot's calls).
@@ -120,29 +122,36 @@ def child(args) -> None:
         records = (counted() - before) / 100
     profiler = None
     if args.mode.startswith("torch.profiler"):
-        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                          record_shapes=args.mode.endswith("+shapes"))
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if args.device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(activities=activities, record_shapes=args.mode.endswith("+shapes"))
         profiler.__enter__()
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     best = float("inf")
     for _ in range(args.repeats):
         t0 = clock()
         run(args.iterations)
+        sync()
         best = min(best, clock() - t0)
     if profiler is not None:
         profiler.__exit__(None, None, None)
     print(json.dumps({"seconds": best, "records": records}))
 
 
-def run_child(mode, workload, iterations, repeats, clock, work) -> dict:
+def run_child(mode, workload, iterations, repeats, clock, work, device="cpu") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
     (work / "floor").mkdir(exist_ok=True)
     if mode.startswith("hfnn"):
         env.update(HFNN_PROFILE_DIR=str(work), HFNN_PROFILE_WARMUP="0", HFNN_PROFILE_STEPS="0")
         if mode.startswith("hfnn-sample-"):
             env["HFNN_PROFILE_SAMPLE"] = mode.rsplit("-", 1)[1]
+        if mode.startswith("hfnn-parts-"):
+            env["HFNN_PROFILE_PARTS"] = mode[len("hfnn-parts-"):]
+        if mode.startswith("hfnn-join-"):
+            env["HFNN_CUPTI_JOIN"] = mode[len("hfnn-join-"):]
     cmd = [sys.executable, __file__, "--child", mode, "--workload", workload, "--iterations", str(iterations),
-           "--repeats", str(repeats), "--clock", clock, "--floor-dir", str(work / "floor")]
+           "--repeats", str(repeats), "--clock", clock, "--floor-dir", str(work / "floor"), "--device", device]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"bench/collector_cost.py: mode {mode}, workload {workload} failed:\n{out.stderr[-3000:]}")
@@ -174,6 +183,14 @@ def main():
                          "and the ops run on that one thread: torch.set_num_threads(1)); wall: elapsed time")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {','.join(WORKLOADS)}")
     ap.add_argument("--sample", default="", help="hfnn --sample values to time too, comma-separated (e.g. 10)")
+    ap.add_argument("--parts", default="",
+                    help="the collector with some parts only, comma-separated HFNN_PROFILE_PARTS values (observer, "
+                         "no-cupti, attached, kernels-only, ...: profiles/README.md), each a mode hfnn-parts-P")
+    ap.add_argument("--joins", default="", help="other ways to join kernels to ops, comma-separated HFNN_CUPTI_JOIN "
+                    "values (callbacks), each a mode hfnn-join-J; hfnn is the default join (external)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the workloads' tensors live: cuda adds the CUDA activity (CUPTI) to the collector's "
+                         "cost and to torch.profiler's, each op a kernel launch (default cpu)")
     ap.add_argument("--no-torch-profiler", action="store_true", help="leave the torch.profiler modes out")
     ap.add_argument("--floor", action="store_true",
                     help="time an observer that does nothing too: torch's own cost per observed op (builds a C++ extension)")
@@ -193,14 +210,19 @@ def main():
     for w in workloads:
         if w not in WORKLOADS:
             sys.exit(f"bench/collector_cost.py: --workloads: unknown workload {w!r}; use some of {','.join(WORKLOADS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench/collector_cost.py: --device cuda: no CUDA device here; run it on a GPU machine or drop the option")
     modes = ["off", "hfnn"] + [f"hfnn-sample-{n}" for n in args.sample.split(",") if n]
+    modes += [f"hfnn-parts-{p}" for p in args.parts.split(",") if p]
+    modes += [f"hfnn-join-{j}" for j in args.joins.split(",") if j]
     if args.floor:
         modes.append("floor")
     if not args.no_torch_profiler:
         modes += ["torch.profiler", "torch.profiler+shapes"]
     result = {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
               "hfnn_commit": hfnn_commit(), "date": dt.date.today().isoformat(), "ops": args.ops,
-              "rounds": args.rounds, "repeats": args.repeats, "clock": args.clock, "workloads": {}}
+              "rounds": args.rounds, "repeats": args.repeats, "clock": args.clock, "device": args.device,
+              "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="hfnn-bench-collector-") as tmp:
         work = Path(tmp)
         if args.floor:  # built once, before anything is timed
@@ -208,13 +230,16 @@ def main():
             floor_observer(work / "floor")
         for w in workloads:
             # Records per iteration, from the collector, size the passes to about --ops records.
-            probe = run_child("hfnn", w, 10, 1, args.clock, work)
+            probe = run_child("hfnn", w, 10, 1, args.clock, work, args.device)
             per_iteration = probe["records"]
             iterations = max(1, round(args.ops / per_iteration))
             seconds = {m: [] for m in modes}
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
                 for m in modes:
-                    seconds[m].append(run_child(m, w, iterations, args.repeats, args.clock, work)["seconds"])
+                    seconds[m].append(run_child(m, w, iterations, args.repeats, args.clock, work, args.device)["seconds"])
+                print(f"{w}: round {r + 1} of {args.rounds}, µs per op: "
+                      + ", ".join(f"{m} {seconds[m][-1] / (per_iteration * iterations) * 1e6:.3f}" for m in modes),
+                      file=sys.stderr, flush=True)
             records = per_iteration * iterations
             median = {m: statistics.median(s) for m, s in seconds.items()}
             result["workloads"][w] = {
@@ -228,6 +253,9 @@ def main():
                   f"without a collector; added per op: "
                   + ", ".join(f"{m} {v:+.3f} µs" for m, v in result["workloads"][w]["us_per_op"].items()),
                   file=sys.stderr)
+            if args.out:  # after each workload: a run cut short keeps what it measured
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(result, indent=1) + "\n")
     write_result(result, args.out)
 
 

@@ -15,7 +15,10 @@ drift falls on every mode alike:
                   the profiler; the plain step the profile itself reports (the median of the P steps
                   timed after the recorded ones with collection off) should agree with the plain mode
                   within 5% (issue 13)
-  hfnn <options>  the same with more `hfnn profile` options (--mode, repeatable: a lighter mode)
+  hfnn <options>  the same with more `hfnn profile` options (--mode, repeatable: a lighter mode);
+                  a mode's leading NAME=VALUE words are set in its runs' environment, e.g.
+                  "HFNN_PROFILE_PARTS=no-cupti" (profiles/README.md: the collector's parts, to take
+                  its cost apart) or "HFNN_CUPTI_FINALIZE=0 --sample 10"
   torch.profiler  under torch.profiler(record_shapes=True), CPU and CUDA activities: the way people
                   profile today
 A mode's step_ms is the median over rounds of each run's median step. Once per config, outside the
@@ -38,6 +41,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -78,6 +82,18 @@ def config(text: str) -> tuple[str, str]:
     return example, dtype
 
 
+def mode_words(text: str) -> tuple[dict, list[str]]:
+    """'NAME=VALUE ... --option ...' -> ({NAME: VALUE}, [options]): a mode's leading words of the
+    form NAME=VALUE are environment variables for its runs (e.g. the collector's diagnostic
+    HFNN_PROFILE_PARTS), the rest `hfnn profile` options."""
+    words = shlex.split(text)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
 def median_step(path: Path) -> float:
     return json.loads(path.read_text())["median_step_ms"]
 
@@ -93,7 +109,7 @@ def measure(example: str, dtype: str, args, hfnn: str, work: Path, on_gpu: bool)
     # The hfnn runs go on past the recorded steps: one step for the profiler's tear-down, then the
     # plain ones. The example's own step times are the same steps' (the warm-ups are both's first W).
     longer = [script, "--steps", str(args.steps + 1 + args.plain_steps), *common]
-    hfnn_modes = {"hfnn": [], **{f"hfnn {m}": shlex.split(m) for m in args.mode}}
+    hfnn_modes = {"hfnn": ({}, []), **{f"hfnn {m}": mode_words(m) for m in args.mode}}
     modes = ["plain", *hfnn_modes, "torch.profiler"]
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):
@@ -110,9 +126,10 @@ def measure(example: str, dtype: str, args, hfnn: str, work: Path, on_gpu: bool)
                 runs[mode].append({"step_ms": median_step(out), "ops": json.loads(ops.read_text())})
             else:
                 db = work / f"{tag}.db"
+                env, options = hfnn_modes[mode]
                 run([hfnn, "profile", "--db", str(db), "--python", py, "--report", "none", "--warmup",
                      str(args.warmup), "--steps", str(args.steps), "--plain-steps", str(args.plain_steps),
-                     *hfnn_modes[mode], *longer, "--json", str(out)], cwd=work)
+                     *options, *longer, "--json", str(out)], cwd=work, env={**os.environ, **env})
                 steps = json.loads(out.read_text())["step_ms"]
                 report = json.loads(run([hfnn, "report", "--db", str(db), "--format", "json"]).stdout)
                 with sqlite3.connect(db) as con:
@@ -180,7 +197,9 @@ def main():
                     help="what to run (default: transformer:bfloat16 evoformer:bfloat16 evoformer:float32 on a "
                          "GPU, transformer:float32 evoformer:float32 on a CPU)")
     ap.add_argument("--mode", action="append", default=[], metavar="OPTIONS",
-                    help="one more hfnn mode: these `hfnn profile` options added (e.g. \"--sample 4\"); repeatable")
+                    help="one more hfnn mode: these `hfnn profile` options added (e.g. \"--sample 4\"), after any "
+                         "NAME=VALUE words, set in its runs' environment (e.g. \"HFNN_CUPTI_FINALIZE=0 --sample 4\"); "
+                         "repeatable")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each mode, taken in turn")
     ap.add_argument("--steps", type=int, default=20, help="timed steps of each run")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -465,6 +466,45 @@ struct ThreadData {
 };
 
 std::atomic<uint64_t> g_next_id{1};
+
+// A diagnostic: which parts of the collection run while recording (HFNN_PROFILE_PARTS), so that
+// the profiler's cost on a launch-bound step can be taken apart (bench/profiler_cost.py's
+// "--mode 'HFNN_PROFILE_PARTS=...'"). "all" (the default) is the profiler; "observer" registers
+// the op observer and its callbacks return at once (torch's own cost of observing every op);
+// "no-cupti" records ops and shapes without CUDA activity; "no-correlation" traces CUDA activity
+// without pushing the external correlation ids around each op (kernels stay unattributed);
+// "kernels-only" traces kernels, memcpy and memset with no API records, no callbacks and no ids
+// (unattributed); "attached" starts CUPTI with nothing enabled (what an attached CUPTI costs).
+// HFNN_CUPTI_JOIN picks how kernels find their ops: "external" (the default: CUPTI's external
+// correlation with API records of the launch calls, as Kineto does) or "callbacks" (a CUPTI
+// callback on each launch, memcpy and memset call records its correlation id beside the current op;
+// measured on an H100 no cheaper within the noise, so it stays opt-in).
+enum class Parts { kAll, kObserver, kObserverFunctions, kNoCupti, kNoCorrelation, kKernelsOnly, kAttached };
+Parts g_parts = Parts::kAll;
+
+Parts parts_from_env() {
+  const char* v = std::getenv("HFNN_PROFILE_PARTS");
+  const std::string_view p = v ? v : "";
+  if (p == "observer") return Parts::kObserver;
+  if (p == "observer-functions") return Parts::kObserverFunctions;
+  if (p == "no-cupti") return Parts::kNoCupti;
+  if (p == "no-correlation") return Parts::kNoCorrelation;
+  if (p == "kernels-only") return Parts::kKernelsOnly;
+  if (p == "attached") return Parts::kAttached;
+  return Parts::kAll;
+}
+
+const char* parts_name(Parts p) {
+  switch (p) {
+    case Parts::kObserver: return "observer";
+    case Parts::kObserverFunctions: return "observer-functions";
+    case Parts::kNoCupti: return "no-cupti";
+    case Parts::kNoCorrelation: return "no-correlation";
+    case Parts::kKernelsOnly: return "kernels-only";
+    case Parts::kAttached: return "attached";
+    default: return "all";
+  }
+}
 
 // What the collector does, step by step: warm-up and the recorded steps (every op observed, CUDA
 // activity on), then the plain steps (nothing collected: only step boundaries are seen, to time
@@ -933,7 +973,12 @@ void observe_locked(State& s, Phase phase) {
   // No inputs asked for: torch boxes them only inside the records that hold the ops whose shapes
   // are read (begin_inputs). Ids (needsIds) are not needed either: calls are told apart by the
   // collector's own ids.
-  if (phase == Phase::kRecording)
+  if (phase == Phase::kRecording && g_parts == Parts::kObserverFunctions)
+    s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                         .needsInputs(false)
+                                         .needsIds(false)
+                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+  else if (phase == Phase::kRecording)
     s.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
                                          .needsInputs(false)
                                          .needsIds(false)
@@ -1084,6 +1129,7 @@ void boundary_locked(State& s) {
 // thread's or a name's first record, a shape, a backward node's first link to its forward op, and
 // the step boundary.
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (g_parts == Parts::kObserver || g_parts == Parts::kObserverFunctions) return nullptr;
   ThreadData* tp = thread_data();
   if (!tp) return nullptr;
   ThreadData& t = *tp;
@@ -1120,7 +1166,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (s.gpu) {
       f.id = g_next_id.fetch_add(1, std::memory_order_relaxed);
       f.parent = t.stack.size() > 1 ? t.stack[t.stack.size() - 2].id : 0;
-      CuptiActivity::push(f.id);
+      if (g_parts != Parts::kNoCorrelation) CuptiActivity::push(f.id);
     }
 #endif
   }
@@ -1154,13 +1200,21 @@ void remember_forward(ThreadData& t, int64_t seq, const std::string* name, int64
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (g_parts == Parts::kObserver || g_parts == Parts::kObserverFunctions) {
+    if (fn.scope() == at::RecordScope::USER_SCOPE && std::string_view(fn.name()).rfind(kOptimizerStep, 0) == 0) {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (!s.stopped && s.phase == Phase::kRecording) boundary_locked(s);
+    }
+    return;
+  }
   const int64_t end = ticks();
   ThreadData* tp = t_data;
   if (!tp || tp->stack.empty()) return;
   ThreadData& t = *tp;
   Frame& f = t.stack.back();
 #if HFNN_GPU_ACTIVITY
-  if (f.id) CuptiActivity::pop();
+  if (f.id && g_parts != Parts::kNoCorrelation) CuptiActivity::pop(f.parent);
 #endif
   if (f.inputs) end_inputs(t);
   if (f.backward_node && t.backward_depth > 0) --t.backward_depth;
@@ -1227,11 +1281,22 @@ void start(const std::string& config_json) {
   calibrate_ticks();
   s.cuda_device = !s.meta.value("gpu", nlohmann::json()).is_null();
 #if HFNN_GPU_ACTIVITY
-  if (s.cuda_device) {
+  g_parts = parts_from_env();
+  s.meta["parts"] = parts_name(g_parts);
+  const bool cupti = g_parts == Parts::kAll || g_parts == Parts::kNoCorrelation || g_parts == Parts::kKernelsOnly ||
+                     g_parts == Parts::kAttached;
+  if (s.cuda_device && !cupti) s.meta["cupti"] = std::string("off (HFNN_PROFILE_PARTS=") + parts_name(g_parts) + ")";
+  if (s.cuda_device && cupti) {
     std::string why;
-    s.gpu = CuptiActivity::start(&why);
+    Join join = Join::kExternalCorrelation;
+    if (const char* j = std::getenv("HFNN_CUPTI_JOIN"); j && std::string_view(j) == "callbacks")
+      join = Join::kCallbacks;
+    if (g_parts == Parts::kKernelsOnly) join = Join::kNone;
+    if (g_parts == Parts::kAttached) join = Join::kAttachedOnly;
+    s.gpu = CuptiActivity::start(&why, join);
     s.meta["cupti"] = s.gpu ? "on" : why;
     if (s.gpu) s.meta["cupti_api"] = CuptiActivity::traced_apis();
+    if (s.gpu) s.meta["cupti_join"] = CuptiActivity::join_name();
     if (!s.gpu)
       std::fprintf(stderr, "hfnn profile: CUDA activity is not available (%s: another CUPTI client such as "
                            "torch.profiler or Nsight may hold it); recording CPU times and shapes only\n", why.c_str());

@@ -18,6 +18,8 @@ std::mutex g_mutex;  // guards the pending vectors, filled from CUPTI's buffer c
 std::vector<GpuRecord> g_records;
 std::vector<Correlation> g_correlations;
 std::atomic<bool> g_active{false};
+Join g_join = Join::kExternalCorrelation;
+thread_local uint64_t t_current_op = 0;  // the callback join: the op running on this thread
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBufferBytes));
@@ -99,8 +101,10 @@ CUptiResult enable_api(CUpti_CallbackDomain domain, uint32_t cbid, uint8_t enabl
 // Every kind and traced API call on (1) or off (0), the lists kept.
 CUptiResult set_tracing(uint8_t on) {
   CUptiResult r = CUPTI_SUCCESS;
-  for (auto kind : kKinds)
+  for (auto kind : kKinds) {
+    if (kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION && g_join != Join::kExternalCorrelation) continue;
     if (const CUptiResult k = on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind); r == CUPTI_SUCCESS) r = k;
+  }
   for (const auto& [domain, cbid] : g_apis)
     if (const CUptiResult k = enable_api(domain, cbid, on); r == CUPTI_SUCCESS) r = k;
   if (g_all_apis)
@@ -150,6 +154,66 @@ bool trace_launch_apis() {
   return true;
 }
 
+// ---- The callback join ----
+// CUPTI's callback API on the launch calls (the same ones trace_launch_apis picks): at each call's
+// entry, the id CUPTI gives the kernel it launches (the correlation id of the kernel's record) and
+// the op running on this thread, which the collector sets at each op's start and end (push, pop).
+// Both the runtime call and the driver call it makes are seen; the kernel's record carries one of
+// their ids, and the join looks them all up. No API activity records, nothing pushed into CUPTI
+// around ops: what Kineto's external correlation costs on launch-bound steps is what this saves.
+CUpti_SubscriberHandle g_subscriber = nullptr;
+std::vector<std::pair<CUpti_CallbackDomain, uint32_t>> g_callbacks;  // the launch calls subscribed
+std::mutex g_launch_mutex;
+std::vector<Correlation> g_launches;
+
+void CUPTIAPI on_launch(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void* data) {
+  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  if (cb->callbackSite != CUPTI_API_ENTER) return;
+  const uint64_t op = t_current_op;
+  if (!op) return;
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_launches.push_back({cb->correlationId, op});
+}
+
+void enable_launch_callbacks(uint32_t on) {
+  if (!g_subscriber) return;
+  for (const auto& [domain, cbid] : g_callbacks) cuptiEnableCallback(on, g_subscriber, domain, cbid);
+}
+
+bool subscribe_launch_callbacks() {
+  if (cuptiSubscribe(&g_subscriber, on_launch, nullptr) != CUPTI_SUCCESS) {
+    g_subscriber = nullptr;
+    return false;
+  }
+  int runtime = 0, driver = 0;
+  for (const auto domain : {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API}) {
+    for (uint32_t cbid = 1; cbid < kMaxCallbackId; ++cbid) {
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name || !puts_work_on_the_gpu(name)) continue;
+      if (cuptiEnableCallback(1, g_subscriber, domain, cbid) != CUPTI_SUCCESS) continue;
+      g_callbacks.emplace_back(domain, cbid);
+      ++(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? runtime : driver);
+    }
+  }
+  if (runtime == 0) {
+    cuptiUnsubscribe(g_subscriber);
+    g_subscriber = nullptr;
+    g_callbacks.clear();
+    return false;
+  }
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+  g_traced = "none: kernels joined by callbacks on the launch, memcpy and memset calls (" + std::to_string(runtime) +
+             " runtime and " + std::to_string(driver) + " driver APIs)";
+  return true;
+}
+
+void unsubscribe() {
+  if (!g_subscriber) return;
+  cuptiUnsubscribe(g_subscriber);
+  g_subscriber = nullptr;
+  g_callbacks.clear();
+}
+
 std::string describe(CUptiResult r) {
   const char* text = nullptr;
   cuptiGetResultString(r, &text);
@@ -158,28 +222,52 @@ std::string describe(CUptiResult r) {
 
 }  // namespace
 
-bool CuptiActivity::start(std::string* why_not) {
+bool CuptiActivity::start(std::string* why_not, Join join) {
   if (g_active) return true;
+  g_join = join;
   CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
   for (size_t i = 0; r == CUPTI_SUCCESS && i < std::size(kKinds); ++i) r = cuptiActivityEnable(kKinds[i]);
   if (r == CUPTI_SUCCESS) {
     const char* all = std::getenv("HFNN_CUPTI_API");
-    if ((all && std::string_view(all) == "all") || !trace_launch_apis()) r = trace_all_apis();
+    // HFNN_CUPTI_API=all (to compare) and a CUPTI that refuses a subscriber (one is allowed, and
+    // another tool may hold it): Kineto's way.
+    if (join == Join::kCallbacks && ((all && std::string_view(all) == "all") || !subscribe_launch_callbacks()))
+      g_join = Join::kExternalCorrelation;
+    if (g_join == Join::kExternalCorrelation) {
+      if ((all && std::string_view(all) == "all") || !trace_launch_apis()) r = trace_all_apis();
+    }
   }
   if (r != CUPTI_SUCCESS) {
     untrace_apis();
+    unsubscribe();
     for (auto kind : kKinds) cuptiActivityDisable(kind);
     if (why_not) *why_not = describe(r);
     return false;
   }
+  if (g_join == Join::kNone || g_join == Join::kAttachedOnly) {
+    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+    if (g_join == Join::kAttachedOnly)
+      for (auto kind : kKinds) cuptiActivityDisable(kind);
+    g_traced = g_join == Join::kNone ? "none (HFNN_PROFILE_PARTS=kernels-only)" : "none (HFNN_PROFILE_PARTS=attached)";
+  }
   g_active = true;
   return true;
+}
+
+const char* CuptiActivity::join_name() {
+  switch (g_join) {
+    case Join::kCallbacks: return "callbacks";
+    case Join::kNone: return "none";
+    case Join::kAttachedOnly: return "none, CUPTI attached only";
+    default: return "external correlation";
+  }
 }
 
 void CuptiActivity::stop() {
   if (!g_active.exchange(false)) return;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   untrace_apis();
+  unsubscribe();
   for (auto kind : kKinds) cuptiActivityDisable(kind);
   g_paused = false;
 }
@@ -188,37 +276,57 @@ void CuptiActivity::pause() {
   if (!g_active || g_paused) return;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   set_tracing(0);
+  enable_launch_callbacks(0);
   g_paused = true;
 }
 
 void CuptiActivity::resume() {
   if (!g_active || !g_paused) return;
   set_tracing(1);
+  enable_launch_callbacks(1);
   g_paused = false;
 }
 
 std::string CuptiActivity::traced_apis() { return g_active ? g_traced : std::string(); }
 
 bool CuptiActivity::trace_every_api() {
-  if (!g_active || g_paused || g_all_apis) return false;
+  if (!g_active || g_paused || g_all_apis || g_join == Join::kNone || g_join == Join::kAttachedOnly) return false;
+  if (g_join == Join::kCallbacks) {
+    // The callbacks saw no launch: Kineto's way from here on (ops begun before push nothing; their
+    // pops find CUPTI's stack empty, which it refuses harmlessly).
+    unsubscribe();
+    g_join = Join::kExternalCorrelation;
+    if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) != CUPTI_SUCCESS) return false;
+  }
   return trace_all_apis() == CUPTI_SUCCESS;
 }
 
 void CuptiActivity::push(uint64_t external) {
-  if (g_active.load(std::memory_order_relaxed))
+  if (!g_active.load(std::memory_order_relaxed)) return;
+  if (g_join == Join::kCallbacks) t_current_op = external;
+  else if (g_join == Join::kExternalCorrelation)
     cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, external);
 }
 
-void CuptiActivity::pop() {
-  uint64_t ignored = 0;
-  if (g_active.load(std::memory_order_relaxed))
+void CuptiActivity::pop(uint64_t parent) {
+  if (!g_active.load(std::memory_order_relaxed)) return;
+  if (g_join == Join::kCallbacks) {
+    t_current_op = parent;
+  } else if (g_join == Join::kExternalCorrelation) {
+    uint64_t ignored = 0;
     cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
+  }
 }
 
 void CuptiActivity::drain(std::vector<GpuRecord>* records, std::vector<Correlation>* correlations, bool forced) {
   if (g_active.load(std::memory_order_relaxed))
     cuptiActivityFlushAll(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
   std::lock_guard<std::mutex> lock(g_mutex);
+  {
+    std::lock_guard<std::mutex> launches(g_launch_mutex);
+    g_correlations.insert(g_correlations.end(), g_launches.begin(), g_launches.end());
+    g_launches.clear();
+  }
   records->insert(records->end(), g_records.begin(), g_records.end());
   correlations->insert(correlations->end(), g_correlations.begin(), g_correlations.end());
   g_records.clear();

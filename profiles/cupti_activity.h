@@ -24,11 +24,26 @@ struct Correlation {
   uint64_t external;
 };
 
+// How kernels are tied to the op that launched them.
+enum class Join {
+  // CUPTI's external correlation: an id pushed around each op, and API activity records of the
+  // launch calls, which carry it (Kineto's way).
+  kExternalCorrelation,
+  // CUPTI callbacks on the launch calls: at each, the correlation id of the kernel it launches and
+  // the op running on that thread (no API records, nothing pushed to CUPTI around ops).
+  kCallbacks,
+  // Diagnostics (HFNN_PROFILE_PARTS): kernels without any join; CUPTI attached with nothing enabled.
+  kNone,
+  kAttachedOnly,
+};
+
 class CuptiActivity {
  public:
   // Enables the records; false, with the reason in `why_not`, when CUPTI refuses (no GPU, or
   // another CUPTI client such as torch.profiler or Nsight Systems holds it).
-  static bool start(std::string* why_not);
+  static bool start(std::string* why_not, Join join = Join::kExternalCorrelation);
+  // The join in force ("external correlation", "callbacks", ...), for the part's meta.
+  static const char* join_name();
   // Flushes, disables and forgets. Safe to call when start() failed or twice.
   static void stop();
   // Activity off and on again (--sample: the unsampled steps), the traced calls kept; the caller
@@ -41,9 +56,10 @@ class CuptiActivity {
   // Traces every runtime and driver API call from now on (where the launch calls alone gave no
   // correlation records); false if it already did or cannot.
   static bool trace_every_api();
-  // Around each op: kernels launched in between carry `external` as their correlation.
+  // Around each op: kernels launched in between carry `external` as their correlation; at its
+  // end, `parent` (the enclosing op's id, 0 for none) is the thread's op again.
   static void push(uint64_t external);
-  static void pop();
+  static void pop(uint64_t parent);
   // Completed records so far (forced: also those of buffers not yet full). Thread-safe; never
   // takes the caller's locks, so callers may hold their own.
   static void drain(std::vector<GpuRecord>* records, std::vector<Correlation>* correlations, bool forced);

@@ -9,6 +9,13 @@
 #   profile   examples/evoformer.py under `hfnn profile`, against the same run without it
 #   bench-profile  bench/profiler_cost.py: the profiler's overhead and agreement with torch.profiler on
 #             the bf16 examples and the fp32 Evoformer ($BENCH_PROFILE_ARGS adds options)
+#   profiler-parts  bench/profiler_cost.py --size small (launch-bound steps) with the collector's
+#             parts switched off one at a time (HFNN_PROFILE_PARTS), the two joins (HFNN_CUPTI_JOIN) and
+#             --sample 10 ($PARTS_CONFIGS, default transformer:bfloat16;
+#             $PARTS_ROUNDS, default 3)
+#   collector-cost  bench/collector_cost.py --device cuda: the profiler's CPU cost per op (each a kernel
+#             launch) with the collector's parts one at a time and both joins, against torch.profiler
+#   report-html  `hfnn profile --report html` of the bf16 transformer example: the page, for a look
 #   torchrun  `hfnn profile -- torchrun` of the Evoformer example on every GPU (NCCL): one DB
 #   tune-bench  bench/tune.py: hfnn tune's time per key and the stability of its winners
 #   overhead  bench/dispatch_overhead.py: HFNN_DISPATCH_DB's CPU cost per LayerNorm call
@@ -147,6 +154,26 @@ if want bench-profile; then
   timeout ${BENCH_PROFILE_TIMEOUT:-560} python3 bench/profiler_cost.py --out "$OUT/profile-$gpu.json" \
     ${BENCH_PROFILE_ARGS:-} > "$OUT/bench-profile.log" 2>&1 || status=1
   tail -20 "$OUT/bench-profile.log"
+fi
+if want profiler-parts; then
+  # Where the profiler's cost on a launch-bound step goes: the modes differ in one part each.
+  timeout ${PARTS_TIMEOUT:-400} python3 bench/profiler_cost.py --size small --rounds "${PARTS_ROUNDS:-3}" \
+    --configs ${PARTS_CONFIGS:-transformer:bfloat16} --out "$OUT/profile-parts-$gpu.json" \
+    --mode "HFNN_CUPTI_JOIN=callbacks" --mode "HFNN_PROFILE_PARTS=observer" --mode "HFNN_PROFILE_PARTS=no-cupti" \
+    --mode "HFNN_PROFILE_PARTS=attached" --mode "HFNN_PROFILE_PARTS=kernels-only" \
+    --mode "--sample 10" > "$OUT/profiler-parts.log" 2>&1 || status=1
+  tail -12 "$OUT/profiler-parts.log"
+fi
+if want collector-cost; then
+  timeout ${COLLECTOR_COST_TIMEOUT:-400} python3 bench/collector_cost.py --device cuda --workloads "${COLLECTOR_COST_WORKLOADS:-add,linear}" \
+    --parts "${COLLECTOR_COST_PARTS:-observer,no-cupti,attached,kernels-only}" --joins callbacks --rounds "${COLLECTOR_COST_ROUNDS:-3}" \
+    --repeats 3 --ops 30000 --out "$OUT/collector_cost-cuda-$gpu.json" > "$OUT/collector-cost.log" 2>&1 || status=1
+  tail -12 "$OUT/collector-cost.log"
+fi
+if want report-html; then
+  (cd "$OUT" && hfnn profile --db "$OUT/report.db" --report html --python "$(command -v python3)" \
+     "$OLDPWD/examples/transformer.py" --dtype bfloat16) > "$OUT/report-html.log" 2>&1 || status=1
+  tail -5 "$OUT/report-html.log"; ls "$OUT"
 fi
 if want torchrun; then
   # One profile of a data-parallel run on every GPU of this machine: both ranks in one DB.

@@ -552,18 +552,22 @@ json.dump(json.loads(torch.ops.hfnn.profiler_snapshot()), open(sys.argv[1], "w")
 
 
 @pytest.mark.skipif(not _cuda_available(), reason="no CUDA device: the CUPTI path runs on the GPU machine")
-@pytest.mark.parametrize("apis", ["launch", "all"])
+@pytest.mark.parametrize("apis", ["callbacks", "launch", "all"])
 def test_cupti_traces_the_launch_calls_and_every_kernel_finds_its_op(tmp_path, apis):
-    # CUPTI's correlation records come for the API calls it traces: the launch, memcpy and memset
-    # calls alone (default), or every call (HFNN_CUPTI_API=all, as before): either way each kernel
-    # is joined to the op that launched it.
+    # Kernels find their ops by CUPTI callbacks on the launch, memcpy and memset calls
+    # (HFNN_CUPTI_JOIN=callbacks), or by CUPTI's external correlation (default), whose records come for the API
+    # calls it traces: those calls alone, or every call (HFNN_CUPTI_API=all, as before): each way
+    # each kernel is joined to the op that launched it.
     (tmp_path / "cupti.py").write_text(CUPTI_SCRIPT)
-    env = dict(os.environ, HFNN_CUPTI_API="all") if apis == "all" else None
+    env = {"callbacks": dict(os.environ, HFNN_CUPTI_JOIN="callbacks"), "launch": None,
+           "all": dict(os.environ, HFNN_CUPTI_API="all")}[apis]
     out = profile(tmp_path, "-q", "--warmup", "0", "--steps", "0", "cupti.py", str(tmp_path / "snap.json"), env=env)
     assert out.returncode == 0, out.stderr
     snap = json.loads((tmp_path / "snap.json").read_text())
-    expected = "launch, memcpy and memset calls" if apis == "launch" else "every runtime and driver API call"
+    expected = {"callbacks": "none: kernels joined by callbacks on the launch, memcpy and memset calls",
+                "launch": "launch, memcpy and memset calls", "all": "every runtime and driver API call"}[apis]
     assert snap["meta"]["cupti_api"].startswith(expected), snap["meta"]
+    assert snap["meta"]["cupti_join"] == ("callbacks" if apis == "callbacks" else "external correlation"), snap["meta"]
     records = snap["gpu_records"]
     assert records["attributed"] > 20 and records["no_correlation"] <= 0.01 * records["drained"], records
     ops = {o["name"]: o for o in snap["ops"] if o["phase"] == "fwd"}
