@@ -52,7 +52,7 @@ CONFIGS = [  # [B, L, E, heads], dtypes
     ([8, 1024, 1024, 16], ["bfloat16"]),
 ]
 CORES = {"sdpa_auto": "", "sdpa_flash": "sdpa_flash", "sdpa_efficient": "sdpa_efficient",
-         "sdpa_cudnn": "sdpa_cudnn", "sdpa_math": "sdpa_math"}
+         "sdpa_cudnn": "sdpa_cudnn", "sdpa_math": "sdpa_math", "hfnn_short": "hfnn_short"}
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_WORKER = ROOT / "tests" / "python" / "scripts" / "fake_tune_worker.py"
 # A few training calls of one config, for `hfnn profile` to record its attention key.

@@ -40,6 +40,8 @@
 #   e2e-lstm  bench/e2e.py --example lstm_lm: profile, tune, HFNN_DISPATCH_DB on the LSTM model
 #             (fp32 and bf16)
 #   pytest-lstm  tests/python/test_lstm.py with its GPU tests, verbose, with timings
+#   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
+#             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
 #             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
@@ -232,6 +234,16 @@ if want sweep-compile; then
   timeout ${COMPILE_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --candidates compile --sizes 16M \
     --out "$OUT/layer_norm_sweep-compile-$gpu.json" 2>&1 | tee "$OUT/sweep-compile.log" \
     | grep -E "FAILED|wrote|compiled|copy" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want ncu-mha; then
+  cfg=${MHA_NCU_CONFIG:-5000 64 512 8}
+  python3 bench/mha_core_case.py --config $cfg --cores hfnn_short sdpa_efficient sdpa_cudnn --iters 5 2>&1 | tee "$OUT/mha-core.log"
+  ncu --clock-control none -k regex:"short_" --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    python3 bench/mha_core_case.py --config $cfg --cores hfnn_short --iters 1 > "$OUT/ncu-mha.log" 2>&1 || status=1
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|No Eligible|Active Warps Per Scheduler|Eligible Warps|Warp Cycles Per Issued|Issue Slots Busy|Shared Memory|Bank|Stall|stall|Executed Ipc|Compute \(SM\)" \
+    "$OUT/ncu-mha.log" | head -90
 fi
 if want ncu; then
   for case in ${NCU_CASES:-bwd_wide_c1:bfloat16:8192x2048}; do

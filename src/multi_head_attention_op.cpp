@@ -10,8 +10,10 @@
 //     K and V into [B*H, L, Dh] first);
 //   - the core is a named choice among torch's SDPA kernels, called at the ATen level: "sdpa_flash",
 //     "sdpa_efficient", "sdpa_cudnn", "sdpa_math", or "" for torch's own pick (the backend
-//     at::_fused_sdp_choice names for these views, as at::scaled_dot_product_attention would):
-//     the tuner picks per shape where torch's order is not the fastest;
+//     at::_fused_sdp_choice names for these views, as at::scaled_dot_product_attention would),
+//     or hfnn's own "hfnn_short" (kernels/multihead_attention/short_attention.h: sequences of up
+//     to 128 tokens, one block per batch and head): the tuner picks per shape where torch's order
+//     is not the fastest;
 //   - the output projection reads the core's output in place where its layout allows.
 // Backward (one autograd node, MhaFunction, for the fused cores: flash, efficient, cuDNN, and
 // flash's CPU kernel): the output projection's dW, db and d(core output) in the layout the core
@@ -57,6 +59,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kernels/common/gemm.h"
+#include "kernels/multihead_attention/short_attention.h"
 #endif
 
 namespace hfnn::attention {
@@ -65,7 +68,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-enum class Core : int64_t { kTorch, kFlash, kEfficient, kCudnn, kMath };
+enum class Core : int64_t { kTorch, kFlash, kEfficient, kCudnn, kMath, kShort };
 
 std::optional<Core> parse_core(std::string_view name) {
   if (name.empty()) return Core::kTorch;
@@ -73,13 +76,14 @@ std::optional<Core> parse_core(std::string_view name) {
   if (name == "sdpa_efficient") return Core::kEfficient;
   if (name == "sdpa_cudnn") return Core::kCudnn;
   if (name == "sdpa_math") return Core::kMath;
+  if (name == "hfnn_short") return Core::kShort;
   return std::nullopt;
 }
 
 Core core_or_throw(std::string_view name) {
   const auto core = parse_core(name);
   TORCH_CHECK(core.has_value(), "hfnn.multi_head_attention: unknown core '", std::string(name),
-              "' (sdpa_flash, sdpa_efficient, sdpa_cudnn, sdpa_math, or '' for torch's choice)");
+              "' (sdpa_flash, sdpa_efficient, sdpa_cudnn, sdpa_math, hfnn_short, or '' for torch's choice)");
   return *core;
 }
 
@@ -99,6 +103,90 @@ at::Tensor efficient_bias(const at::Tensor& bias, const at::Tensor& q, const at:
 }
 
 std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+
+#if HFNN_TORCH_CUDA
+namespace short_core {
+namespace mk = kernels::multihead_attention;
+
+mk::Strides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+mk::ShortShape shape_of(const at::Tensor& q, const at::Tensor& k, bool causal) {
+  mk::ShortShape s;
+  s.batch = q.size(0), s.heads = q.size(1), s.q_len = q.size(2), s.kv_len = k.size(2), s.head_dim = q.size(3);
+  s.dtype = kernel_dtype(q.scalar_type()).value_or(kernels::DType::kFloat32);
+  s.causal = causal;
+  s.device = kernels::device_info(q.get_device());
+  return s;
+}
+
+bool view_ok(const at::Tensor& t) { return t.stride(3) == 1 && mk::short_view_ok(t.data_ptr(), strides_of(t)); }
+
+// hfnn_short takes CUDA fp16/bf16 views of one head size, no mask and no dropout, where
+// short_supports() says the launch runs and every view moves in 16-byte rows.
+bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double dropout,
+           bool causal) {
+  if (!q.is_cuda() || bias.defined() || dropout > 0.0) return false;
+  if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type()) return false;
+  if (k.size(3) != q.size(3) || v.size(3) != q.size(3) || v.size(2) != k.size(2)) return false;
+  return mk::short_supports(shape_of(q, k, causal)) && view_ok(q) && view_ok(k) && view_ok(v);
+}
+
+// The core's output in the token order of the views (so merge_heads reads it in place) and the
+// log-sum-exp its backward reads.
+std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3);
+  const bool batch_outer = q.stride(0) >= q.stride(2);
+  at::Tensor o = batch_outer ? at::empty({B, L, H, Dh}, q.options()).transpose(1, 2)
+                             : at::empty({L, B, H, Dh}, q.options()).permute({1, 2, 0, 3});
+  at::Tensor lse = at::empty({B, H, L}, q.options().dtype(at::kFloat));
+  mk::ShortFwdParams p;
+  p.shape = shape_of(q, k, causal);
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = o.data_ptr();
+  p.sq = strides_of(q), p.sk = strides_of(k), p.sv = strides_of(v), p.so = strides_of(o);
+  p.lse = lse.data_ptr<float>();
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t e = mk::short_forward(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "hfnn.multi_head_attention: hfnn_short's forward failed: ", cudaGetErrorString(e));
+  return {o, lse};
+}
+
+// A gradient for each of q, k and v laid out as they are: views into new buffers the size of
+// their storages, so gradients of a packed projection land packed (what project_backward reads
+// as one [N, parts*E] matrix).
+std::array<at::Tensor, 3> like(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const std::array<const at::Tensor*, 3> in{&q, &k, &v};
+  std::array<at::Tensor, 3> bufs, out;
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t j = 0; j < i && !bufs[i].defined(); ++j)
+      if (in[i]->storage().is_alias_of(in[j]->storage())) bufs[i] = bufs[j];
+    if (!bufs[i].defined())
+      bufs[i] = at::empty({static_cast<int64_t>(in[i]->storage().nbytes() / in[i]->element_size())}, in[i]->options());
+    out[i] = bufs[i].as_strided(in[i]->sizes(), in[i]->strides(), in[i]->storage_offset());
+  }
+  return out;
+}
+
+std::array<at::Tensor, 3> backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& lse, bool causal) {
+  auto g = like(q, k, v);
+  mk::ShortBwdParams p;
+  p.shape = shape_of(q, k, causal);
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.dout = dout.data_ptr();
+  p.sq = strides_of(q), p.sk = strides_of(k), p.sv = strides_of(v), p.sdo = strides_of(dout);
+  p.lse = lse.data_ptr<float>();
+  p.dq = g[0].data_ptr(), p.dk = g[1].data_ptr(), p.dv = g[2].data_ptr();
+  p.sdq = strides_of(g[0]), p.sdk = strides_of(g[1]), p.sdv = strides_of(g[2]);
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  TORCH_CHECK(dout.stride(3) == 1 && mk::short_view_ok(p.dout, p.sdo),
+              "hfnn.multi_head_attention: hfnn_short's backward got a gradient it cannot read (internal error)");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t e = mk::short_backward(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "hfnn.multi_head_attention: hfnn_short's backward failed: ", cudaGetErrorString(e));
+  return g;
+}
+}  // namespace short_core
+#endif
 
 // Whether `core` runs these [B, H, L, Dh] views with this additive mask (undefined: none): torch's
 // own checks for its fused kernels (dtype, head size, GPU, strides, the mask, the user's
@@ -122,6 +210,7 @@ bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::T
     // Not with a mask: torch's SDPA hands cuDNN bool masks as -65504, not -inf ("cuDNN -inf issue"),
     // and nn.MultiheadAttention's masks are -inf floats; fully masked rows were not checked there.
     case Core::kCudnn: return !bias.defined() && sdp::can_use_cudnn_attention(params, false);
+    case Core::kShort: return short_core::takes(q, k, v, bias, dropout, causal);
     default: return false;
   }
 #else
@@ -143,7 +232,9 @@ Core resolve(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tens
   }
 }
 
-bool has_node(Core core) { return core == Core::kFlash || core == Core::kEfficient || core == Core::kCudnn; }
+bool has_node(Core core) {
+  return core == Core::kFlash || core == Core::kEfficient || core == Core::kCudnn || core == Core::kShort;
+}
 
 // What a fused core's backward needs besides Q, K, V and dO (bias: the mask as the core read it).
 struct CoreOut {
@@ -185,6 +276,14 @@ CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const 
       r.o = std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, opt(bias), dropout, causal));
       break;
     case Core::kTorch: r.o = at::scaled_dot_product_attention(q, k, v, opt(bias), dropout, causal); break;
+    case Core::kShort:
+#if HFNN_TORCH_CUDA
+      TORCH_CHECK(!bias.defined() && dropout == 0.0, "hfnn.multi_head_attention: hfnn_short takes no mask or dropout (internal error)");
+      std::tie(r.o, r.lse) = short_core::forward(q, k, v, causal);
+#else
+      TORCH_CHECK(false, "hfnn.multi_head_attention: hfnn_short needs a CUDA build");
+#endif
+      break;
   }
   return r;
 }
@@ -210,6 +309,9 @@ std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::T
       g = at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, c.o, c.lse, c.seed, c.offset, at::Tensor(),
                                                            c.cum_q, c.cum_k, c.max_q, c.max_k, dropout, causal);
       break;
+#if HFNN_TORCH_CUDA
+    case Core::kShort: return short_core::backward(dout, q, k, v, c.lse, causal);
+#endif
     default: TORCH_CHECK(false, "hfnn.multi_head_attention: no fused backward for this core (internal error)");
   }
   return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};

@@ -201,6 +201,8 @@ std::vector<families::VariantInfo> core_variants(std::string_view pass) {
       "torch's cuDNN fused attention (sm80+, fp16/bf16)",
       "torch's math composite: matmuls and a softmax, differentiated op by op; the one core that also "
       "returns the weights (need_weights=True)",
+      "hfnn's short-sequence kernel (fp16/bf16, L and S <= 128, head size a multiple of 16 up to 128, no mask "
+      "or dropout): one block per batch and head, the whole score matrix on chip, Q, K and V read once",
   };
   for (size_t i = 0; i < kCores.size(); ++i) out.push_back({std::string(kCores[i]), std::string(ideas[i])});
   return out;

@@ -80,7 +80,9 @@ std::optional<Key> parse_key(const std::string& text);
 // The variants, in the order the database's indices and the op use: each names a core the op
 // (hfnn.multi_head_attention's `core` argument) runs. torch's own pick ("") is no variant: torch's
 // module path is the baseline the tuner always times as "torch".
-inline constexpr std::array<std::string_view, 4> kCores = {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math"};
+// New cores go at the end: the database stores indices.
+inline constexpr std::array<std::string_view, 5> kCores = {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math",
+                                                           "hfnn_short"};
 
 // The one pass's position in kFamily.passes.
 inline constexpr int kTrain = 0;

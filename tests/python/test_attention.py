@@ -16,7 +16,7 @@ from torch import nn
 import hfnn
 from conftest import requires_gpu
 
-CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math"]
+CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "hfnn_short"]
 
 
 def pair(embed, heads, batch_first, bias=True, dtype=torch.float64, device="cpu", dropout=0.0):
@@ -258,7 +258,8 @@ def test_supports_on_cpu_says_the_cpu_cores():
     q = torch.randn(2, 8, 16)
     said = {core: torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, core) for core in CORES}
     # flash is torch's CPU flash kernel there (no dropout); efficient and cuDNN are GPU kernels.
-    assert said == {"": True, "sdpa_flash": True, "sdpa_efficient": False, "sdpa_cudnn": False, "sdpa_math": True}
+    assert said == {"": True, "sdpa_flash": True, "sdpa_efficient": False, "sdpa_cudnn": False, "sdpa_math": True,
+                    "hfnn_short": False}
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.1, "sdpa_flash")
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 3, True, False, 0.0, "")  # 16 % 3
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, "nope")

@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""One nn.MultiheadAttention call through hfnn's op with a named core, forward and backward, for
+Nsight Compute (the core's kernels by name) or a quick look at CUDA-event times per core:
+
+    python3 bench/mha_core_case.py --config 5000 64 512 8 --cores hfnn_short sdpa_efficient
+    ncu --kernel-name regex:short_ --launch-skip 4 --launch-count 2 python3 bench/mha_core_case.py --cores hfnn_short
+"""
+import argparse
+
+import torch
+from torch import nn
+
+import hfnn  # noqa: F401  (loads the op library)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=int, nargs=4, default=[5000, 64, 512, 8], metavar=("B", "L", "E", "HEADS"))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--cores", nargs="+", default=["hfnn_short"])
+    ap.add_argument("--iters", type=int, default=3)
+    a = ap.parse_args()
+    b, length, embed, heads = a.config
+    dtype = getattr(torch, a.dtype)
+    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+    x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+    g = torch.randn_like(x)
+    for core in a.cores:
+        def call():
+            out = torch.ops.hfnn.multi_head_attention(x, x, x, heads, m.in_proj_weight, m.in_proj_bias,
+                                                      m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core)
+            out.backward(g)
+        call()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(a.iters):
+            call()
+        end.record()
+        torch.cuda.synchronize()
+        print(f"{core}: fwd+bwd {start.elapsed_time(end) / a.iters:.3f} ms a call")
+
+
+if __name__ == "__main__":
+    main()
