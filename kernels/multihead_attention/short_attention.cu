@@ -1,86 +1,198 @@
-// hfnn's short-sequence attention core (short_attention.h): blocks of eight warps, as many as the
-// device keeps resident, each taking (batch, head) pairs in turn and copying the next pair's inputs
-// in (cp.async) while it computes on this one's where two copies fit. Shared memory, 16-bit arrays padded by 8 elements a row and float ones by 4 (wmma's
-// leading dimensions, and rows that do not start on the same bank):
-//   forward:  Q [Lp, Dh], K [Sp, Dh], V [Sp, Dh], scores [Lp, Sp] float, P [Lp, Sp], a 16x16 float
-//             tile a warp for the output's conversion
-//   backward: Q, K, V, dO, then P in float (then P * dP), P (then dS) in 16-bit, the tiles, D [Lp]
-// where Lp and Sp are L and S rounded up to 16; the padding rows are zero and the padding columns
-// of P are zero, so they add nothing to any product, and nothing is written for them.
+// hfnn's short-sequence attention core (short_attention.h), register-resident: one block per
+// (batch, head) with one warp per 16 query rows (Lp / 16 warps, Lp = L rounded up to 16), so the
+// whole key axis is one tile and the softmax is exact, with no running maxima.
+//
+// Forward, a warp: its 16 x Sp scores S = Q K^T accumulate in registers (mma.sync m16n8k16, fp16 or
+// bf16 in, float out), the softmax runs on them in base 2 (a row's maximum and sum from the four
+// lanes that hold it), the unnormalised P goes straight from the accumulators into the next
+// product's A operand, O = P V, and O is divided by the row sums and written through this warp's
+// own Q rows in shared memory (no longer read) as 16-byte rows.
+//
+// Backward: a warp recomputes its rows of S and P = exp2(S c - lse), dP = dO V^T, D_i = sum_j P dP
+// (flash's rowsum(dO * O), from the block's own P and dP: O is never read), dS = P (dP - D) scale,
+// and dQ = dS K, all from registers; P and dS go to shared memory once, and after a barrier the
+// warps take 16-key tiles: dV = P^T dO and dK = dS^T Q with the transposes done by ldmatrix.trans.
+//
+// Shared memory, 16-bit rows padded by 8 elements (16 bytes: ldmatrix's eight row addresses fall
+// in different banks): Q [Lp, Dh], K [Sp, Dh], V [Sp, Dh]; backward also dO [Lp, Dh], P and dS
+// [Lp, Sp], the log-sum-exp [Lp]. Rows past L or S are zero-filled by the copies and masked out
+// of the softmax, so they add nothing to any product, and nothing is written for them.
+//
+// Register arrays are sized by buckets of the head size and the padded key length (32, 64, 128),
+// their loops unrolled and guarded by the real counts.
 #include "kernels/multihead_attention/short_attention.h"
-
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/common/device.cuh"
 
 namespace hfnn::kernels::multihead_attention {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTile = 16;
-constexpr int kPad16 = 8;  // elements of padding a 16-bit row
-constexpr int kPadF = 4;   // a float row
+constexpr int kMaxWarps = 8;  // 128 query rows
+constexpr int kPad = 8;       // elements of padding a 16-bit row
 constexpr float kLog2e = 1.4426950408889634f;
 
-__host__ __device__ constexpr int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+__host__ __device__ constexpr int round16(int64_t n) { return static_cast<int>((n + 15) / 16 * 16); }
 __host__ __device__ constexpr std::size_t align128(std::size_t n) { return (n + 127) / 128 * 128; }
 
-// Where each array starts in the block's shared memory (bytes), and the total. The inputs (Q, K, V,
-// and backward dO and the log-sum-exp) come in `stages` copies: with 2, a block loads the next
-// (batch, head)'s while it computes this one's.
+// Where each array starts in the block's shared memory (bytes), and the total.
 struct Layout {
-  int lp = 0, sp = 0, ldh = 0, ldf = 0, ldp = 0;
-  std::size_t q[2] = {}, k[2] = {}, v[2] = {}, dout[2] = {}, lse[2] = {};
-  std::size_t sf = 0, pb = 0, stage = 0, rows = 0, total = 0;
+  int lp = 0, sp = 0, ld = 0, ldp = 0;  // padded lengths; leading dimensions of [*, Dh] and [Lp, Sp]
+  std::size_t q = 0, k = 0, v = 0, dout = 0, p = 0, ds = 0, lse = 0, total = 0;
 };
 
-__host__ __device__ Layout layout_of(int64_t q_len, int64_t kv_len, int64_t head_dim, bool backward, int stages) {
+__host__ __device__ Layout layout_of(int64_t q_len, int64_t kv_len, int64_t head_dim, bool backward) {
   Layout l;
-  l.lp = static_cast<int>(round16(q_len));
-  l.sp = static_cast<int>(round16(kv_len));
-  l.ldh = static_cast<int>(head_dim) + kPad16;
-  l.ldf = l.sp + kPadF;
-  l.ldp = l.sp + kPad16;
+  l.lp = round16(q_len);
+  l.sp = round16(kv_len);
+  l.ld = static_cast<int>(head_dim) + kPad;
+  l.ldp = l.sp + kPad;
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t start = at;
     at = align128(at + bytes);
     return start;
   };
-  for (int i = 0; i < stages; ++i) {
-    l.q[i] = take(std::size_t(l.lp) * l.ldh * 2);
-    l.k[i] = take(std::size_t(l.sp) * l.ldh * 2);
-    l.v[i] = take(std::size_t(l.sp) * l.ldh * 2);
-    if (backward) l.dout[i] = take(std::size_t(l.lp) * l.ldh * 2);
-    if (backward) l.lse[i] = take(std::size_t(l.lp) * 4);
+  l.q = take(std::size_t(l.lp) * l.ld * 2);
+  l.k = take(std::size_t(l.sp) * l.ld * 2);
+  l.v = take(std::size_t(l.sp) * l.ld * 2);
+  if (backward) {
+    l.dout = take(std::size_t(l.lp) * l.ld * 2);
+    l.p = take(std::size_t(l.lp) * l.ldp * 2);
+    l.ds = take(std::size_t(l.lp) * l.ldp * 2);
+    l.lse = take(std::size_t(l.lp) * 4);
   }
-  l.sf = take(std::size_t(l.lp) * l.ldf * 4);
-  l.pb = take(std::size_t(l.lp) * l.ldp * 2);
-  l.stage = take(std::size_t(kWarps) * kTile * kTile * 4);
-  if (backward) l.rows = take(std::size_t(l.lp) * 4);
   l.total = at;
   return l;
 }
 
-// Asynchronous copies global -> shared (cp.async, sm_80 on): `valid` false writes zeros.
+// ---- PTX wrappers: asynchronous copies, ldmatrix, mma.sync ----
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// 16 (or 4) bytes global -> shared without registers; `valid` false writes zeros.
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void copy4(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Four 8x8 16-bit matrices from shared memory, lane l giving row (l % 8) of matrix l / 8; with
+// .trans each is transposed on the way.
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+__device__ __forceinline__ void ldsm_t(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+
+// c += a b: a 16x16 (row-major fragment), b 16x8 (two registers), c 16x8 float.
+template <typename T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one register of two 16-bit values (lo in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&u, &v, 4);
+  }
+  return u;
+}
+
+// ---- fragment addressing (lane l of the warp; tiles of 16 rows at r0, 16 columns at c0) ----
+// In a float accumulator tile of 16x8, lane l holds rows l/4 and l/4 + 8, columns 2 (l%4) and +1.
+
+// A operand (16x16, row-major in shared memory at [r0, c0]).
+template <typename T>
+__device__ __forceinline__ const T* a_row(const T* base, int ld, int r0, int c0, int lane) {
+  return base + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8;
+}
+// Two B operands (16x8 each, for columns n0 and n0 + 8 of the product) of X^T where X is [n, k]
+// row-major in shared memory: rows n0.., columns k0.. Registers: b0, b1 of n0, then of n0 + 8.
+template <typename T>
+__device__ __forceinline__ const T* bt_row(const T* base, int ld, int n0, int k0, int lane) {
+  return base + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8;
+}
+// Two B operands of X itself where X is [k, n] row-major (loaded with .trans): rows k0.., columns n0..
+template <typename T>
+__device__ __forceinline__ const T* b_row(const T* base, int ld, int k0, int n0, int lane) {
+  return base + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8;
+}
+// A operand of X^T where X is [k, m] row-major (loaded with .trans): rows k0.., columns m0..
+template <typename T>
+__device__ __forceinline__ const T* at_row(const T* base, int ld, int k0, int m0, int lane) {
+  return base + (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8;
+}
+
+// The A operand of the 16 columns [16 kb, 16 kb + 16) of a 16-row accumulator array.
+template <typename T, int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&acc)[N][4], int kb) {
+  a[0] = pack2<T>(acc[2 * kb][0], acc[2 * kb][1]);
+  a[1] = pack2<T>(acc[2 * kb][2], acc[2 * kb][3]);
+  a[2] = pack2<T>(acc[2 * kb + 1][0], acc[2 * kb + 1][1]);
+  a[3] = pack2<T>(acc[2 * kb + 1][2], acc[2 * kb + 1][3]);
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// acc[16 x 8 kN] (+)= A B for the warp's 16 rows: A's 16-column blocks from a_of(kb, a) for kb <
+// k_blocks, B's 16-column pairs from ldsm at b_of(kb, np) (transposed when kTransB) for np < n_pairs.
+template <typename T, int kK, int kN, bool kTransB, typename AOf, typename BOf>
+__device__ __forceinline__ void product(float (&acc)[kN][4], int k_blocks, int n_pairs, AOf&& a_of, BOf&& b_of) {
+#pragma unroll
+  for (int kb = 0; kb < kK; ++kb) {
+    if (kb < k_blocks) {
+      uint32_t a[4];
+      a_of(kb, a);
+#pragma unroll
+      for (int np = 0; np < kN / 2; ++np) {
+        if (np < n_pairs) {
+          uint32_t b[4];
+          if constexpr (kTransB) ldsm_t(b, b_of(kb, np));
+          else ldsm(b, b_of(kb, np));
+          mma<T>(acc[2 * np], a, b[0], b[1]);
+          mma<T>(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
 }
 
 // Rows [0, n) of a [n, Dh] view (rows `stride` elements apart, 16-byte aligned) into shared memory
@@ -89,292 +201,270 @@ template <typename T>
 __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t stride, int n, int padded,
                                           int head_dim) {
   const int vecs = head_dim / 8;
-  for (int i = threadIdx.x; i < padded * vecs; i += kThreads) {
+  for (int i = threadIdx.x; i < padded * vecs; i += blockDim.x) {
     const int r = i / vecs, c = (i % vecs) * 8;
     copy16(dst + r * ld + c, r < n ? src + r * stride + c : src, r < n);
   }
 }
 
-// A warp's 16x16 float tile (in `stage`, leading dimension 16) to rows [r0, r0+16) and columns
-// [c0, c0+16) of a [rows, Dh] view in global memory, rows >= n skipped: each lane one half row.
-template <typename T>
-__device__ __forceinline__ void store_tile(T* dst, int64_t stride, int r0, int c0, int n, const float* stage) {
-  const int lane = threadIdx.x % 32;
-  const int r = lane / 2, c = (lane % 2) * 8;
-  if (r0 + r < n) {
-    float v[8];
+// A 16 x Dh float accumulator array (rows r0.., `rows_left` of them real), scaled a row by s_lo and
+// s_hi, through shared memory (`stage`, [16, ld], this warp's alone) to global rows `stride` apart
+// as 16-byte vectors.
+template <typename T, int kN>
+__device__ __forceinline__ void write_rows(const float (&acc)[kN][4], float s_lo, float s_hi, T* stage, int ld,
+                                           T* dst, int64_t stride, int rows_left, int head_dim, int lane) {
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = stage[r * kTile + c + e];
-    store_pack<T, 16>(dst + (r0 + r) * stride + c0 + c, pack<T, 16>(v));
+  for (int n = 0; n < kN; ++n) {
+    if (n < head_dim / 8) {
+      *reinterpret_cast<uint32_t*>(stage + g * ld + n * 8 + 2 * t) = pack2<T>(acc[n][0] * s_lo, acc[n][1] * s_lo);
+      *reinterpret_cast<uint32_t*>(stage + (g + 8) * ld + n * 8 + 2 * t) = pack2<T>(acc[n][2] * s_hi, acc[n][3] * s_hi);
+    }
   }
-}
-
-template <typename T>
-using FragA = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, T, wmma::row_major>;
-template <typename T>
-using FragAt = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, T, wmma::col_major>;
-template <typename T>
-using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::row_major>;
-template <typename T>
-using FragBt = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
-
-// acc += A B over `steps` 16-wide steps of the shared dimension: A's first tile at a (leading
-// dimension lda, the next a_step elements on), B's at b; FA and FB say each operand's layout.
-template <typename FA, typename FB, typename T>
-__device__ __forceinline__ void product(FragC& acc, const T* a, int lda, int a_step, const T* b, int ldb, int b_step,
-                                        int steps) {
-  for (int k = 0; k < steps; ++k) {
-    FA fa;
-    FB fb;
-    wmma::load_matrix_sync(fa, a + k * a_step, lda);
-    wmma::load_matrix_sync(fb, b + k * b_step, ldb);
-    wmma::mma_sync(acc, fa, fb, acc);
+  __syncwarp();
+  const int vecs = head_dim / 8;
+  for (int i = lane; i < 16 * vecs; i += 32) {
+    const int r = i / vecs, c = (i % vecs) * 8;
+    if (r < rows_left) *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
   }
+  __syncwarp();
 }
 
 __device__ __forceinline__ bool visible(int i, int j, int q_len, int kv_len, bool causal) {
   return i < q_len && j < kv_len && !(causal && j > i);
 }
 
-// What both kernels' blocks hold: the layout, the scratch arrays and the sizes.
-template <typename T>
-struct Block {
-  Layout l;
-  float* sf;     // [Lp, Sp] float: scores, then P (then P * dP backward)
-  T* pb;         // [Lp, Sp] 16-bit: P (then dS backward)
-  float* stage;  // this warp's 16x16 float tile
-  int warp, lane, head_dim, q_len, kv_len;
-  int64_t pairs;
-  __device__ Block(unsigned char* smem, const ShortShape& s, bool backward, int stages)
-      : l(layout_of(s.q_len, s.kv_len, s.head_dim, backward, stages)),
-        sf(reinterpret_cast<float*>(smem + l.sf)),
-        pb(reinterpret_cast<T*>(smem + l.pb)),
-        stage(reinterpret_cast<float*>(smem + l.stage) + (threadIdx.x / 32) * kTile * kTile),
-        warp(threadIdx.x / 32),
-        lane(threadIdx.x % 32),
-        head_dim(static_cast<int>(s.head_dim)),
-        q_len(static_cast<int>(s.q_len)),
-        kv_len(static_cast<int>(s.kv_len)),
-        pairs(s.batch * s.heads) {}
-
-  // scores = Q K^T (unscaled) into sf: tiles of [Lp, Sp] shared among the warps.
-  __device__ void scores(const T* qs, const T* ks) const {
-    const int tn = l.sp / kTile;
-    for (int t = warp; t < (l.lp / kTile) * tn; t += kWarps) {
-      const int i0 = (t / tn) * kTile, j0 = (t % tn) * kTile;
-      FragC acc;
-      wmma::fill_fragment(acc, 0.f);
-      product<FragA<T>, FragBt<T>>(acc, qs + i0 * l.ldh, l.ldh, kTile, ks + j0 * l.ldh, l.ldh, kTile,
-                                   head_dim / kTile);  // K^T: element (d, j) is K[j][d]
-      wmma::store_matrix_sync(sf + i0 * l.ldf + j0, acc, l.ldf, wmma::mem_row_major);
-    }
-  }
-
-  // The warp's tile to global rows [r0, r0+16) (those < n) and columns [c0, c0+16) of a [rows, Dh] view.
-  __device__ void write(const FragC& acc, T* dst, int64_t stride, int r0, int c0, int n) const {
-    wmma::store_matrix_sync(stage, acc, kTile, wmma::mem_row_major);
-    __syncwarp();
-    store_tile(dst, stride, r0, c0, n, stage);
-    __syncwarp();
-  }
-};
-
-// The (batch, head) pairs a block takes: blockIdx.x, then every gridDim.x-th. issue(buf, bh) starts
-// copying a pair's inputs into buffer `buf` (and commits them), compute(buf, bh) runs once they have
-// landed. With two stages the next pair's inputs are copied in while this one's are computed on.
-template <typename Issue, typename Compute>
-__device__ __forceinline__ void for_each_pair(int64_t pairs, int stages, Issue&& issue, Compute&& compute) {
-  int cur = 0;
-  if (blockIdx.x < pairs) issue(0, blockIdx.x);
-  for (int64_t bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
-    const int64_t next = bh + gridDim.x;
-    if (stages == 2) {
-      if (next < pairs) issue(cur ^ 1, next);
-      else commit();
-      wait_copies<1>();
-    } else {
-      wait_copies<0>();
-    }
-    __syncthreads();
-    compute(cur, bh);
-    __syncthreads();  // before this pair's buffers and the scratch arrays are written again
-    if (stages == 2) cur ^= 1;
-    else if (next < pairs) issue(0, next);
-  }
+// Max and sum over the four lanes that hold a row.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Q, K and V of pair bh into buffer `buf` (not committed).
-template <typename T, typename Params>
-__device__ __forceinline__ void load_qkv(unsigned char* smem, const Layout& l, int buf, const Params& p, int64_t bh) {
+template <typename T, int kD, int kS>
+__global__ void __launch_bounds__(kMaxWarps * 32) short_fwd_kernel(ShortFwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
   const ShortShape& s = p.shape;
-  const int64_t b = bh / s.heads, h = bh % s.heads;
   const int q_len = static_cast<int>(s.q_len), kv_len = static_cast<int>(s.kv_len), dh = static_cast<int>(s.head_dim);
-  load_rows(reinterpret_cast<T*>(smem + l.q[buf]), l.ldh, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l,
-            q_len, l.lp, dh);
-  load_rows(reinterpret_cast<T*>(smem + l.k[buf]), l.ldh, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l,
-            kv_len, l.sp, dh);
-  load_rows(reinterpret_cast<T*>(smem + l.v[buf]), l.ldh, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l,
-            kv_len, l.sp, dh);
+  const Layout l = layout_of(q_len, kv_len, dh, false);
+  T* qs = reinterpret_cast<T*>(smem + l.q);
+  T* ks = reinterpret_cast<T*>(smem + l.k);
+  T* vs = reinterpret_cast<T*>(smem + l.v);
+  const int heads = static_cast<int>(s.heads);
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+
+  // Q and K first, V behind them: the scores start while V is still on its way.
+  load_rows(qs, l.ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
+  load_rows(ks, l.ld, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l, kv_len, l.sp, dh);
+  commit();
+  load_rows(vs, l.ld, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l, kv_len, l.sp, dh);
+  commit();
+  wait_copies<1>();
+  __syncthreads();
+
+  const int lane = threadIdx.x % 32, r0 = (threadIdx.x / 32) * 16;
+  const int g = lane >> 2, t = lane & 3;
+  const int d_blocks = dh / 16, s_blocks = l.sp / 16;
+
+  float acc[kS / 8][4];  // scores, then the unnormalised P
+  zero(acc);
+  product<T, kD / 16, kS / 8, false>(
+      acc, d_blocks, s_blocks, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, l.ld, r0, kb * 16, lane)); },
+      [&](int kb, int np) { return bt_row(ks, l.ld, np * 16, kb * 16, lane); });
+
+  // Softmax in base 2: x = score * scale * log2(e), P = exp2(x - m), lse = m + log2(sum).
+  const float c = p.scale * kLog2e;
+  const int i_lo = r0 + g, i_hi = r0 + g + 8;
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kS / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int j = n * 8 + 2 * t + e;
+      acc[n][e] = visible(i_lo, j, q_len, kv_len, s.causal) ? acc[n][e] * c : -INFINITY;
+      acc[n][2 + e] = visible(i_hi, j, q_len, kv_len, s.causal) ? acc[n][2 + e] * c : -INFINITY;
+      m_lo = fmaxf(m_lo, acc[n][e]);
+      m_hi = fmaxf(m_hi, acc[n][2 + e]);
+    }
+  }
+  m_lo = quad_max(m_lo);
+  m_hi = quad_max(m_hi);
+  const float base_lo = m_lo == -INFINITY ? 0.f : m_lo, base_hi = m_hi == -INFINITY ? 0.f : m_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int n = 0; n < kS / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      acc[n][e] = exp2f(acc[n][e] - base_lo);
+      acc[n][2 + e] = exp2f(acc[n][2 + e] - base_hi);
+      sum_lo += acc[n][e];
+      sum_hi += acc[n][2 + e];
+    }
+  }
+  sum_lo = quad_sum(sum_lo);
+  sum_hi = quad_sum(sum_hi);
+  float* lse = p.lse + static_cast<int64_t>(blockIdx.x) * q_len;
+  if (t == 0) {
+    if (i_lo < q_len) lse[i_lo] = base_lo + log2f(sum_lo);
+    if (i_hi < q_len) lse[i_hi] = base_hi + log2f(sum_hi);
+  }
+
+  wait_copies<0>();
+  __syncthreads();
+  float o[kD / 8][4];
+  zero(o);
+  product<T, kS / 16, kD / 8, true>(
+      o, s_blocks, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, acc, kb); },
+      [&](int kb, int np) { return b_row(vs, l.ld, kb * 16, np * 16, lane); });
+
+  T* out = static_cast<T*>(p.o) + b * p.so.b + h * p.so.h + r0 * p.so.l;
+  write_rows<T>(o, sum_lo > 0.f ? 1.f / sum_lo : 0.f, sum_hi > 0.f ? 1.f / sum_hi : 0.f, qs + r0 * l.ld, l.ld, out,
+                p.so.l, q_len - r0, dh, lane);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) short_fwd_kernel(ShortFwdParams p, int stages) {
+template <typename T, int kD, int kS>
+__global__ void __launch_bounds__(kMaxWarps * 32) short_bwd_kernel(ShortBwdParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const ShortShape& s = p.shape;
-  const Block<T> k(smem, s, false, stages);
-  const Layout& l = k.l;
+  const int q_len = static_cast<int>(s.q_len), kv_len = static_cast<int>(s.kv_len), dh = static_cast<int>(s.head_dim);
+  const Layout l = layout_of(q_len, kv_len, dh, true);
+  T* qs = reinterpret_cast<T*>(smem + l.q);
+  T* ks = reinterpret_cast<T*>(smem + l.k);
+  T* vs = reinterpret_cast<T*>(smem + l.v);
+  T* dos = reinterpret_cast<T*>(smem + l.dout);
+  T* ps = reinterpret_cast<T*>(smem + l.p);
+  T* dss = reinterpret_cast<T*>(smem + l.ds);
+  float* ls = reinterpret_cast<float*>(smem + l.lse);
+  const int heads = static_cast<int>(s.heads);
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+
+  // Q, K and the log-sum-exp first (P), V and dO behind them (dP).
+  load_rows(qs, l.ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
+  load_rows(ks, l.ld, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l, kv_len, l.sp, dh);
+  const float* lse = p.lse + static_cast<int64_t>(blockIdx.x) * q_len;
+  for (int i = threadIdx.x; i < l.lp; i += blockDim.x) copy4(ls + i, i < q_len ? lse + i : lse, i < q_len);
+  commit();
+  load_rows(vs, l.ld, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l, kv_len, l.sp, dh);
+  load_rows(dos, l.ld, static_cast<const T*>(p.dout) + b * p.sdo.b + h * p.sdo.h, p.sdo.l, q_len, l.lp, dh);
+  commit();
+  wait_copies<1>();
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+  const int g = lane >> 2, t = lane & 3;
+  const int d_blocks = dh / 16, s_blocks = l.sp / 16;
+  const int i_lo = r0 + g, i_hi = r0 + g + 8;
+
+  // The warp's rows of P, from the forward's log-sum-exp.
+  float pr[kS / 8][4];
+  zero(pr);
+  product<T, kD / 16, kS / 8, false>(
+      pr, d_blocks, s_blocks, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, l.ld, r0, kb * 16, lane)); },
+      [&](int kb, int np) { return bt_row(ks, l.ld, np * 16, kb * 16, lane); });
   const float c = p.scale * kLog2e;
-  auto issue = [&](int buf, int64_t bh) {
-    load_qkv<T>(smem, l, buf, p, bh);
-    commit();
-  };
-  for_each_pair(k.pairs, stages, issue, [&](int cur, int64_t bh) {
-    const T* qs = reinterpret_cast<const T*>(smem + l.q[cur]);
-    const T* vs = reinterpret_cast<const T*>(smem + l.v[cur]);
-    k.scores(qs, reinterpret_cast<const T*>(smem + l.k[cur]));
-    __syncthreads();
-
-    // Softmax a row a warp, in base 2: P = exp2(x - m) / sum, lse = m + log2(sum) of x = score * scale * log2(e).
-    float* lse = p.lse + bh * s.q_len;
-    for (int i = k.warp; i < l.lp; i += kWarps) {
-      float m = -INFINITY;
-      for (int j = k.lane; j < l.sp; j += 32)
-        if (visible(i, j, k.q_len, k.kv_len, s.causal)) m = fmaxf(m, k.sf[i * l.ldf + j] * c);
+  const float lse_lo = ls[i_lo], lse_hi = ls[i_hi];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      float sum = 0.f;
-      for (int j = k.lane; j < l.sp; j += 32) {
-        const float e = visible(i, j, k.q_len, k.kv_len, s.causal) ? exp2f(k.sf[i * l.ldf + j] * c - m) : 0.f;
-        k.sf[i * l.ldf + j] = e;
-        sum += e;
-      }
-      sum = group_sum<32>(sum);
-      const float inv = i < k.q_len ? 1.f / sum : 0.f;
-      for (int j = k.lane; j < l.sp; j += 32) k.pb[i * l.ldp + j] = from_float<T>(k.sf[i * l.ldf + j] * inv);
-      if (k.lane == 0 && i < k.q_len) lse[i] = m + log2f(sum);
-    }
-    __syncthreads();
-
-    // O = P V: tiles of [Lp, Dh].
-    T* o = static_cast<T*>(p.o) + (bh / s.heads) * p.so.b + (bh % s.heads) * p.so.h;
-    const int tn = k.head_dim / kTile;
-    for (int t = k.warp; t < (l.lp / kTile) * tn; t += kWarps) {
-      const int i0 = (t / tn) * kTile, d0 = (t % tn) * kTile;
-      FragC acc;
-      wmma::fill_fragment(acc, 0.f);
-      product<FragA<T>, FragB<T>>(acc, k.pb + i0 * l.ldp, l.ldp, kTile, vs + d0, l.ldh, kTile * l.ldh, l.sp / kTile);
-      k.write(acc, o, p.so.l, i0, d0, k.q_len);
-    }
-  });
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) short_bwd_kernel(ShortBwdParams p, int stages) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const ShortShape& s = p.shape;
-  const Block<T> k(smem, s, true, stages);
-  const Layout& l = k.l;
-  float* rows = reinterpret_cast<float*>(smem + l.rows);
-  const float c = p.scale * kLog2e;
-  auto issue = [&](int buf, int64_t bh) {
-    load_qkv<T>(smem, l, buf, p, bh);
-    load_rows(reinterpret_cast<T*>(smem + l.dout[buf]), l.ldh,
-              static_cast<const T*>(p.dout) + (bh / s.heads) * p.sdo.b + (bh % s.heads) * p.sdo.h, p.sdo.l, k.q_len,
-              l.lp, k.head_dim);
-    float* ls = reinterpret_cast<float*>(smem + l.lse[buf]);
-    const float* lse = p.lse + bh * s.q_len;
-    for (int i = threadIdx.x; i < l.lp; i += kThreads) copy4(ls + i, i < k.q_len ? lse + i : lse, i < k.q_len);
-    commit();
-  };
-  for_each_pair(k.pairs, stages, issue, [&](int cur, int64_t bh) {
-    const T* qs = reinterpret_cast<const T*>(smem + l.q[cur]);
-    const T* ks = reinterpret_cast<const T*>(smem + l.k[cur]);
-    const T* vs = reinterpret_cast<const T*>(smem + l.v[cur]);
-    const T* dos = reinterpret_cast<const T*>(smem + l.dout[cur]);
-    const float* ls = reinterpret_cast<const float*>(smem + l.lse[cur]);
-    const int64_t b = bh / s.heads, h = bh % s.heads;
-    k.scores(qs, ks);
-    __syncthreads();
-
-    // P again, from the forward's log-sum-exp: float in sf, 16-bit in pb.
-    for (int e = threadIdx.x; e < l.lp * l.sp; e += kThreads) {
-      const int i = e / l.sp, j = e % l.sp;
-      const float v = visible(i, j, k.q_len, k.kv_len, s.causal) ? exp2f(k.sf[i * l.ldf + j] * c - ls[i]) : 0.f;
-      k.sf[i * l.ldf + j] = v;
-      k.pb[i * l.ldp + j] = from_float<T>(v);
-    }
-    __syncthreads();
-
-    // dV = P^T dO: tiles of [Sp, Dh]; then dP = dO V^T a tile at a time, multiplied into P in
-    // place (sf = P * dP). Different tiles of sf than any warp's dV reads (those read pb).
-    T* dv = static_cast<T*>(p.dv) + b * p.sdv.b + h * p.sdv.h;
-    const int tn = k.head_dim / kTile;
-    const int v_tiles = (l.sp / kTile) * tn, tj = l.sp / kTile;
-    for (int t = k.warp; t < v_tiles + (l.lp / kTile) * tj; t += kWarps) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.f);
-      if (t < v_tiles) {
-        const int j0 = (t / tn) * kTile, d0 = (t % tn) * kTile;
-        // P^T: element (j, i) is P[i][j]
-        product<FragAt<T>, FragB<T>>(acc, k.pb + j0, l.ldp, kTile * l.ldp, dos + d0, l.ldh, kTile * l.ldh,
-                                     l.lp / kTile);
-        k.write(acc, dv, p.sdv.l, j0, d0, k.kv_len);
-      } else {
-        const int u = t - v_tiles;
-        const int i0 = (u / tj) * kTile, j0 = (u % tj) * kTile;
-        // V^T: element (d, j) is V[j][d]
-        product<FragA<T>, FragBt<T>>(acc, dos + i0 * l.ldh, l.ldh, kTile, vs + j0 * l.ldh, l.ldh, kTile,
-                                     k.head_dim / kTile);
-        wmma::store_matrix_sync(k.stage, acc, kTile, wmma::mem_row_major);
-        __syncwarp();
-        const int r = k.lane / 2, c0 = (k.lane % 2) * 8;
+  for (int n = 0; n < kS / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) k.sf[(i0 + r) * l.ldf + j0 + c0 + e] *= k.stage[r * kTile + c0 + e];
-        __syncwarp();
+    for (int e = 0; e < 2; ++e) {
+      const int j = n * 8 + 2 * t + e;
+      pr[n][e] = visible(i_lo, j, q_len, kv_len, s.causal) ? exp2f(pr[n][e] * c - lse_lo) : 0.f;
+      pr[n][2 + e] = visible(i_hi, j, q_len, kv_len, s.causal) ? exp2f(pr[n][2 + e] * c - lse_hi) : 0.f;
+    }
+  }
+
+  wait_copies<0>();
+  __syncthreads();
+  // dP = dO V^T, then D = rowsum(P dP) and dS = P (dP - D) scale in its place.
+  float ds[kS / 8][4];
+  zero(ds);
+  product<T, kD / 16, kS / 8, false>(
+      ds, d_blocks, s_blocks, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(dos, l.ld, r0, kb * 16, lane)); },
+      [&](int kb, int np) { return bt_row(vs, l.ld, np * 16, kb * 16, lane); });
+  float d_lo = 0.f, d_hi = 0.f;
+#pragma unroll
+  for (int n = 0; n < kS / 8; ++n) {
+    d_lo += pr[n][0] * ds[n][0] + pr[n][1] * ds[n][1];
+    d_hi += pr[n][2] * ds[n][2] + pr[n][3] * ds[n][3];
+  }
+  d_lo = quad_sum(d_lo);
+  d_hi = quad_sum(d_hi);
+#pragma unroll
+  for (int n = 0; n < kS / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      ds[n][e] = pr[n][e] * (ds[n][e] - d_lo) * p.scale;
+      ds[n][2 + e] = pr[n][2 + e] * (ds[n][2 + e] - d_hi) * p.scale;
+    }
+    if (n < 2 * s_blocks) {
+      const int j = n * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(ps + i_lo * l.ldp + j) = pack2<T>(pr[n][0], pr[n][1]);
+      *reinterpret_cast<uint32_t*>(ps + i_hi * l.ldp + j) = pack2<T>(pr[n][2], pr[n][3]);
+      *reinterpret_cast<uint32_t*>(dss + i_lo * l.ldp + j) = pack2<T>(ds[n][0], ds[n][1]);
+      *reinterpret_cast<uint32_t*>(dss + i_hi * l.ldp + j) = pack2<T>(ds[n][2], ds[n][3]);
+    }
+  }
+
+  // dQ = dS K, the warp's rows, from registers straight to global memory (every shared array is
+  // still read by some warp).
+  {
+    float dq[kD / 8][4];
+    zero(dq);
+    product<T, kS / 16, kD / 8, true>(
+        dq, s_blocks, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
+        [&](int kb, int np) { return b_row(ks, l.ld, kb * 16, np * 16, lane); });
+    T* dq_out = static_cast<T*>(p.dq) + b * p.sdq.b + h * p.sdq.h;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      if (n < dh / 8) {
+        const int col = n * 8 + 2 * t;
+        if (i_lo < q_len) *reinterpret_cast<uint32_t*>(dq_out + i_lo * p.sdq.l + col) = pack2<T>(dq[n][0], dq[n][1]);
+        if (i_hi < q_len) *reinterpret_cast<uint32_t*>(dq_out + i_hi * p.sdq.l + col) = pack2<T>(dq[n][2], dq[n][3]);
       }
     }
-    __syncthreads();
+  }
+  __syncthreads();
 
-    // D_i = sum_j P_ij dP_ij, a row a warp in a fixed order.
-    for (int i = k.warp; i < l.lp; i += kWarps) {
-      float d = 0.f;
-      for (int j = k.lane; j < l.sp; j += 32) d += k.sf[i * l.ldf + j];
-      d = group_sum<32>(d);
-      if (k.lane == 0) rows[i] = d;
-    }
-    __syncthreads();
-
-    // dS = P (dP - D) * scale = (P dP - P D) * scale, over pb (P is no longer read as such).
-    for (int e = threadIdx.x; e < l.lp * l.sp; e += kThreads) {
-      const int i = e / l.sp, j = e % l.sp;
-      const float pd = k.sf[i * l.ldf + j];
-      const float pv = to_float(k.pb[i * l.ldp + j]);
-      k.pb[i * l.ldp + j] = from_float<T>((pd - pv * rows[i]) * p.scale);
-    }
-    __syncthreads();
-
-    // dQ = dS K: tiles of [Lp, Dh]; dK = dS^T Q: tiles of [Sp, Dh].
-    T* dq = static_cast<T*>(p.dq) + b * p.sdq.b + h * p.sdq.h;
-    T* dk = static_cast<T*>(p.dk) + b * p.sdk.b + h * p.sdk.h;
-    const int q_tiles = (l.lp / kTile) * tn;
-    for (int t = k.warp; t < q_tiles + (l.sp / kTile) * tn; t += kWarps) {
-      const bool is_q = t < q_tiles;
-      const int u = is_q ? t : t - q_tiles;
-      const int r0 = (u / tn) * kTile, d0 = (u % tn) * kTile;
-      FragC acc;
-      wmma::fill_fragment(acc, 0.f);
-      if (is_q) {
-        product<FragA<T>, FragB<T>>(acc, k.pb + r0 * l.ldp, l.ldp, kTile, ks + d0, l.ldh, kTile * l.ldh,
-                                    l.sp / kTile);
-        k.write(acc, dq, p.sdq.l, r0, d0, k.q_len);
-      } else {  // dS^T
-        product<FragAt<T>, FragB<T>>(acc, k.pb + r0, l.ldp, kTile * l.ldp, qs + d0, l.ldh, kTile * l.ldh,
-                                     l.lp / kTile);
-        k.write(acc, dk, p.sdk.l, r0, d0, k.kv_len);
+  // dV = P^T dO and dK = dS^T Q, a 16-key tile a warp at a time.
+  T* dv_out = static_cast<T*>(p.dv) + b * p.sdv.b + h * p.sdv.h;
+  T* dk_out = static_cast<T*>(p.dk) + b * p.sdk.b + h * p.sdk.h;
+  const int l_blocks = l.lp / 16;
+  for (int j0 = warp * 16; j0 < l.sp; j0 += warps * 16) {
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      const T* a_src = which == 0 ? ps : dss;
+      const T* b_src = which == 0 ? dos : qs;
+      float acc[kD / 8][4];
+      zero(acc);
+      for (int kb = 0; kb < l_blocks; ++kb) {
+        uint32_t a[4];
+        ldsm_t(a, at_row(a_src, l.ldp, kb * 16, j0, lane));
+#pragma unroll
+        for (int np = 0; np < kD / 16; ++np) {
+          if (np < d_blocks) {
+            uint32_t bb[4];
+            ldsm_t(bb, b_row(b_src, l.ld, kb * 16, np * 16, lane));
+            mma<T>(acc[2 * np], a, bb[0], bb[1]);
+            mma<T>(acc[2 * np + 1], a, bb[2], bb[3]);
+          }
+        }
+      }
+      T* dst = (which == 0 ? dv_out : dk_out);
+      const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
+      const int j_lo = j0 + g, j_hi = j0 + g + 8;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        if (n < dh / 8) {
+          const int col = n * 8 + 2 * t;
+          if (j_lo < kv_len) *reinterpret_cast<uint32_t*>(dst + j_lo * stride + col) = pack2<T>(acc[n][0], acc[n][1]);
+          if (j_hi < kv_len) *reinterpret_cast<uint32_t*>(dst + j_hi * stride + col) = pack2<T>(acc[n][2], acc[n][3]);
+        }
       }
     }
-  });
+  }
 }
 
 bool fail(std::string* why, const char* text) {
@@ -382,32 +472,45 @@ bool fail(std::string* why, const char* text) {
   return false;
 }
 
-bool strides_ok(const void* ptr, const Strides& st) { return short_view_ok(ptr, st); }
+// The register buckets: head size and padded key length each 32, 64 or 128.
+constexpr int bucket(int64_t n) { return n <= 32 ? 32 : n <= 64 ? 64 : 128; }
 
-// Two stages where they fit in the device's shared memory, else one; 0 where not even one does.
-int stages_for(const ShortShape& s, bool backward) {
-  for (int stages = 2; stages >= 1; --stages)
-    if (static_cast<int64_t>(layout_of(s.q_len, s.kv_len, s.head_dim, backward, stages).total) <=
-        s.device.smem_per_block_optin)
-      return stages;
-  return 0;
+template <template <typename, int, int> class K, typename T, typename Params>
+cudaError_t launch_bucketed(const Params& p, bool backward, cudaStream_t stream) {
+  const ShortShape& s = p.shape;
+  const Layout l = layout_of(s.q_len, s.kv_len, s.head_dim, backward);
+  const dim3 grid(static_cast<unsigned>(s.batch * s.heads)), block(static_cast<unsigned>(l.lp / 16 * 32));
+  auto go = [&](auto kernel) -> cudaError_t {
+    const void* k = reinterpret_cast<const void*>(kernel);
+    if (const cudaError_t e = allow_dynamic_smem(k, l.total); e != cudaSuccess) return e;
+    kernel<<<grid, block, l.total, stream>>>(p);
+    return cudaGetLastError();
+  };
+  const int d = bucket(s.head_dim), sk = bucket(l.sp);
+  // Nine instantiations a dtype and direction: every (head size, key length) bucket pair.
+  if (d == 32) {
+    if (sk == 32) return go(K<T, 32, 32>::kernel);
+    if (sk == 64) return go(K<T, 32, 64>::kernel);
+    return go(K<T, 32, 128>::kernel);
+  }
+  if (d == 64) {
+    if (sk == 32) return go(K<T, 64, 32>::kernel);
+    if (sk == 64) return go(K<T, 64, 64>::kernel);
+    return go(K<T, 64, 128>::kernel);
+  }
+  if (sk == 32) return go(K<T, 128, 32>::kernel);
+  if (sk == 64) return go(K<T, 128, 64>::kernel);
+  return go(K<T, 128, 128>::kernel);
 }
 
-template <typename Params>
-cudaError_t launch(void (*kernel)(Params, int), const ShortShape& s, bool backward, cudaStream_t stream,
-                   const Params& params) {
-  const int stages = stages_for(s, backward);
-  if (stages == 0) return cudaErrorInvalidConfiguration;
-  const std::size_t smem = layout_of(s.q_len, s.kv_len, s.head_dim, backward, stages).total;
-  const void* k = reinterpret_cast<const void*>(kernel);
-  if (const cudaError_t e = allow_dynamic_smem(k, smem); e != cudaSuccess) return e;
-  // As many blocks as the device keeps resident, each looping over (batch, head) pairs.
-  const int64_t resident = resident_clusters(k, kThreads, 1, smem, 1, s.device);
-  if (resident <= 0) return cudaErrorInvalidConfiguration;
-  const int64_t blocks = std::min<int64_t>(s.batch * s.heads, resident);
-  kernel<<<dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream>>>(params, stages);
-  return cudaGetLastError();
-}
+template <typename T, int kD, int kS>
+struct Fwd {
+  static constexpr auto kernel = short_fwd_kernel<T, kD, kS>;
+};
+template <typename T, int kD, int kS>
+struct Bwd {
+  static constexpr auto kernel = short_bwd_kernel<T, kD, kS>;
+};
 
 }  // namespace
 
@@ -419,12 +522,12 @@ std::size_t short_fwd_smem(const ShortShape& s) {
   if (s.q_len < 1 || s.kv_len < 1 || s.q_len > kShortMaxLen || s.kv_len > kShortMaxLen || s.head_dim < 16 ||
       s.head_dim > kShortMaxHeadDim || s.head_dim % 16 != 0)
     return 0;
-  return layout_of(s.q_len, s.kv_len, s.head_dim, false, 1).total;
+  return layout_of(s.q_len, s.kv_len, s.head_dim, false).total;
 }
 
 std::size_t short_bwd_smem(const ShortShape& s) {
   if (short_fwd_smem(s) == 0) return 0;
-  return layout_of(s.q_len, s.kv_len, s.head_dim, true, 1).total;
+  return layout_of(s.q_len, s.kv_len, s.head_dim, true).total;
 }
 
 bool short_supports(const ShortShape& s, std::string* why) {
@@ -437,23 +540,24 @@ bool short_supports(const ShortShape& s, std::string* why) {
   if (s.device.device < 0 || s.device.cc_major < 8) return fail(why, "a GPU of compute capability 8.0 or later");
   const std::size_t need = short_bwd_smem(s);  // the larger of the two
   if (static_cast<int64_t>(need) > s.device.smem_per_block_optin)
-    return fail(why, "the block's shared memory (Q, K, V, dO and the scores) exceeds the device's");
+    return fail(why, "the block's shared memory (Q, K, V, dO, P and dS) exceeds the device's");
   if (why) why->clear();
   return true;
 }
 
 bool short_supports(const ShortFwdParams& p, std::string* why) {
   if (!short_supports(p.shape, why)) return false;
-  if (!strides_ok(p.q, p.sq) || !strides_ok(p.k, p.sk) || !strides_ok(p.v, p.sv) || !strides_ok(p.o, p.so) ||
-      !aligned16(p.lse))
+  if (!short_view_ok(p.q, p.sq) || !short_view_ok(p.k, p.sk) || !short_view_ok(p.v, p.sv) ||
+      !short_view_ok(p.o, p.so) || !aligned16(p.lse))
     return fail(why, "Q, K, V and O 16-byte aligned with strides multiples of 8 elements");
   return true;
 }
 
 bool short_supports(const ShortBwdParams& p, std::string* why) {
   if (!short_supports(p.shape, why)) return false;
-  if (!strides_ok(p.q, p.sq) || !strides_ok(p.k, p.sk) || !strides_ok(p.v, p.sv) || !strides_ok(p.dout, p.sdo) ||
-      !strides_ok(p.dq, p.sdq) || !strides_ok(p.dk, p.sdk) || !strides_ok(p.dv, p.sdv))
+  if (!short_view_ok(p.q, p.sq) || !short_view_ok(p.k, p.sk) || !short_view_ok(p.v, p.sv) ||
+      !short_view_ok(p.dout, p.sdo) || !short_view_ok(p.dq, p.sdq) || !short_view_ok(p.dk, p.sdk) ||
+      !short_view_ok(p.dv, p.sdv))
     return fail(why, "Q, K, V, dO and the gradients 16-byte aligned with strides multiples of 8 elements");
   return true;
 }
@@ -462,7 +566,7 @@ cudaError_t short_forward(const ShortFwdParams& p, cudaStream_t stream) {
   if (!short_supports(p)) return cudaErrorInvalidConfiguration;
   return dispatch_dtype(p.shape.dtype, [&]<typename T>() -> cudaError_t {
     if constexpr (std::is_same_v<T, float>) return cudaErrorInvalidConfiguration;
-    else return launch(short_fwd_kernel<T>, p.shape, false, stream, p);
+    else return launch_bucketed<Fwd, T>(p, false, stream);
   });
 }
 
@@ -470,7 +574,7 @@ cudaError_t short_backward(const ShortBwdParams& p, cudaStream_t stream) {
   if (!short_supports(p)) return cudaErrorInvalidConfiguration;
   return dispatch_dtype(p.shape.dtype, [&]<typename T>() -> cudaError_t {
     if constexpr (std::is_same_v<T, float>) return cudaErrorInvalidConfiguration;
-    else return launch(short_bwd_kernel<T>, p.shape, true, stream, p);
+    else return launch_bucketed<Bwd, T>(p, true, stream);
   });
 }
 

@@ -1,14 +1,13 @@
 // hfnn's own attention core for short sequences (issue 11): softmax(Q K^T * scale) V and its
-// backward, each (batch, head) computed by one thread block with its whole [L, S] score matrix on
-// chip.
+// backward, each (batch, head) computed by one thread block, one warp per 16 query rows, with the
+// warp's whole row of scores in registers.
 //
 // Where torch's fused kernels tile the key axis and keep running maxima (flash) or re-read K and V
-// per query tile, a sequence of at most 128 tokens fits in one block's shared memory whole: Q, K
-// and V are read from global memory once, the scores and their softmax are exact row operations,
-// and the backward needs neither the forward's output nor a second pass: D_i = sum_j P_ij dP_ij
-// (equal to flash's rowsum(dO * O)) comes from the same block's P and dP. The products are
-// tensor-core (wmma) 16x16x16 tiles in fp16 or bf16 with float32 accumulation; the softmax, its
-// log-sum-exp and the score gradients are float32.
+// per query tile, a sequence of at most 128 tokens fits in one block whole: Q, K and V are read from
+// global memory once, the softmax is exact, and the backward needs neither the forward's output nor
+// a second pass: D_i = sum_j P_ij dP_ij (equal to flash's rowsum(dO * O)) comes from the block's
+// own P and dP. The products are tensor-core mma.sync tiles (m16n8k16, fp16 or bf16 in, float32
+// accumulation); the softmax, its log-sum-exp and the score gradients are float32.
 //
 // Inputs are [B, H, L, Dh] views given by strides (the last dimension contiguous), as the op's
 // input projection leaves them in place; outputs are written through strides too, so the
