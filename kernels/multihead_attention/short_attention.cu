@@ -9,14 +9,17 @@
 // own Q rows in shared memory (no longer read) as 16-byte rows.
 //
 // Backward: a warp recomputes its rows of S and P = exp2(S c - lse), dP = dO V^T, D_i = sum_j P dP
-// (flash's rowsum(dO * O), from the block's own P and dP: O is never read), dS = P (dP - D) scale,
-// and dQ = dS K, all from registers; P and dS go to shared memory once, and after a barrier the
-// warps take 16-key tiles: dV = P^T dO and dK = dS^T Q with the transposes done by ldmatrix.trans.
+// (flash's rowsum(dO * O), from the block's own P and dP: O is never read) and dS = P (dP - D) scale
+// in registers; P and dS go to shared memory once, and after a barrier the warps take 16-key tiles:
+// dV = P^T dO and dK = dS^T Q with the transposes done by ldmatrix.trans, each written through the
+// warp's own rows of V's array (read no more); after a second barrier, dQ = dS K for the warp's rows,
+// written through its rows of Q's array. Every global write is a 16-byte vector.
 //
 // Shared memory, 16-bit rows padded by 8 elements (16 bytes: ldmatrix's eight row addresses fall
 // in different banks): Q [Lp, Dh], K [Sp, Dh], V [Sp, Dh]; backward also dO [Lp, Dh], P and dS
-// [Lp, Sp], the log-sum-exp [Lp]. Rows past L or S are zero-filled by the copies and masked out
-// of the softmax, so they add nothing to any product, and nothing is written for them.
+// [Lp, Sp], the log-sum-exp [Lp]. Rows past L or S are zero-filled by the copies; keys past S are
+// masked out of the softmax, rows past L add nothing to any product, and nothing is written for
+// either.
 //
 // Register arrays are sized by buckets of the head size and the padded key length (32, 64, 128),
 // their loops unrolled and guarded by the real counts.
@@ -196,42 +199,82 @@ __device__ __forceinline__ void product(float (&acc)[kN][4], int k_blocks, int n
 }
 
 // Rows [0, n) of a [n, Dh] view (rows `stride` elements apart, 16-byte aligned) into shared memory
-// with leading dimension ld; rows [n, padded) zero.
-template <typename T>
+// with leading dimension ld; rows [n, padded) zero. A thread keeps one 16-byte column (kD / 8 of
+// them a row: a power of two) and steps down the rows by pointer adds: no division in the loop.
+template <typename T, int kD>
 __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t stride, int n, int padded,
                                           int head_dim) {
-  const int vecs = head_dim / 8;
-  for (int i = threadIdx.x; i < padded * vecs; i += blockDim.x) {
-    const int r = i / vecs, c = (i % vecs) * 8;
-    copy16(dst + r * ld + c, r < n ? src + r * stride + c : src, r < n);
-  }
+  constexpr int kVecs = kD / 8;
+  const int c = (threadIdx.x % kVecs) * 8;
+  if (c >= head_dim) return;
+  const int step = blockDim.x / kVecs;
+  int r = threadIdx.x / kVecs;
+  const T* from = src + r * stride + c;
+  T* to = dst + r * ld + c;
+  for (; r < padded; r += step, from += step * stride, to += step * ld) copy16(to, r < n ? from : src, r < n);
 }
 
 // A 16 x Dh float accumulator array (rows r0.., `rows_left` of them real), scaled a row by s_lo and
 // s_hi, through shared memory (`stage`, [16, ld], this warp's alone) to global rows `stride` apart
 // as 16-byte vectors.
-template <typename T, int kN>
-__device__ __forceinline__ void write_rows(const float (&acc)[kN][4], float s_lo, float s_hi, T* stage, int ld,
+template <typename T, int kD>
+__device__ __forceinline__ void write_rows(const float (&acc)[kD / 8][4], float s_lo, float s_hi, T* stage, int ld,
                                            T* dst, int64_t stride, int rows_left, int head_dim, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int n = 0; n < kN; ++n) {
+  for (int n = 0; n < kD / 8; ++n) {
     if (n < head_dim / 8) {
       *reinterpret_cast<uint32_t*>(stage + g * ld + n * 8 + 2 * t) = pack2<T>(acc[n][0] * s_lo, acc[n][1] * s_lo);
       *reinterpret_cast<uint32_t*>(stage + (g + 8) * ld + n * 8 + 2 * t) = pack2<T>(acc[n][2] * s_hi, acc[n][3] * s_hi);
     }
   }
   __syncwarp();
-  const int vecs = head_dim / 8;
-  for (int i = lane; i < 16 * vecs; i += 32) {
-    const int r = i / vecs, c = (i % vecs) * 8;
-    if (r < rows_left) *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
+  constexpr int kVecs = kD / 8, kRowsPer = 32 / kVecs;  // a lane keeps one 16-byte column
+  const int c = (lane % kVecs) * 8;
+  if (c < head_dim) {
+#pragma unroll
+    for (int k = 0; k < 16 / kRowsPer; ++k) {
+      const int r = lane / kVecs + k * kRowsPer;
+      if (r < rows_left) *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
+    }
   }
   __syncwarp();
 }
 
-__device__ __forceinline__ bool visible(int i, int j, int q_len, int kv_len, bool causal) {
-  return i < q_len && j < kv_len && !(causal && j > i);
+// The warp's scores of keys it may not see (j >= kv_len, or j > i when causal) set to -inf, for
+// rows i_lo (accumulator halves 0, 1) and i_lo + 8 (2, 3). Rows past L are left as they are: their
+// Q rows are zeros, and nothing is written for them.
+template <int kS>
+__device__ __forceinline__ void mask_scores(float (&acc)[kS / 8][4], int i_lo, int kv_len, bool causal, int t) {
+#pragma unroll
+  for (int n = 0; n < kS / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int j = n * 8 + 2 * t + e;
+      if (j >= kv_len || (causal && j > i_lo)) acc[n][e] = -INFINITY;
+      if (j >= kv_len || (causal && j > i_lo + 8)) acc[n][2 + e] = -INFINITY;
+    }
+  }
+}
+
+// 2^x on the special-function unit (flushing denormal results to zero; -inf gives 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// acc = 2^(acc c - base_lo) in rows i_lo, 2^(acc c - base_hi) in rows i_lo + 8 (one FFMA and one
+// EX2 an entry).
+template <int kS>
+__device__ __forceinline__ void exp2_rows(float (&acc)[kS / 8][4], float c, float base_lo, float base_hi) {
+#pragma unroll
+  for (int n = 0; n < kS / 8; ++n) {
+    acc[n][0] = exp2_approx(fmaf(acc[n][0], c, -base_lo));
+    acc[n][1] = exp2_approx(fmaf(acc[n][1], c, -base_lo));
+    acc[n][2] = exp2_approx(fmaf(acc[n][2], c, -base_hi));
+    acc[n][3] = exp2_approx(fmaf(acc[n][3], c, -base_hi));
+  }
 }
 
 // Max and sum over the four lanes that hold a row.
@@ -257,10 +300,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_fwd_kernel(ShortFwdParam
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
 
   // Q and K first, V behind them: the scores start while V is still on its way.
-  load_rows(qs, l.ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
-  load_rows(ks, l.ld, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l, kv_len, l.sp, dh);
+  load_rows<T, kD>(qs, l.ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
+  load_rows<T, kD>(ks, l.ld, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l, kv_len, l.sp, dh);
   commit();
-  load_rows(vs, l.ld, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l, kv_len, l.sp, dh);
+  load_rows<T, kD>(vs, l.ld, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l, kv_len, l.sp, dh);
   commit();
   wait_copies<1>();
   __syncthreads();
@@ -275,41 +318,34 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_fwd_kernel(ShortFwdParam
       acc, d_blocks, s_blocks, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, l.ld, r0, kb * 16, lane)); },
       [&](int kb, int np) { return bt_row(ks, l.ld, np * 16, kb * 16, lane); });
 
-  // Softmax in base 2: x = score * scale * log2(e), P = exp2(x - m), lse = m + log2(sum).
+  // Softmax in base 2 with c = scale log2(e): m = the row's largest score, P = 2^(S c - m c) (the
+  // maximum taken on the raw scores: c > 0), lse = m c + log2(sum P).
   const float c = p.scale * kLog2e;
   const int i_lo = r0 + g, i_hi = r0 + g + 8;
+  if (s.causal || kv_len < kS) mask_scores<kS>(acc, i_lo, kv_len, s.causal, t);
   float m_lo = -INFINITY, m_hi = -INFINITY;
 #pragma unroll
   for (int n = 0; n < kS / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int j = n * 8 + 2 * t + e;
-      acc[n][e] = visible(i_lo, j, q_len, kv_len, s.causal) ? acc[n][e] * c : -INFINITY;
-      acc[n][2 + e] = visible(i_hi, j, q_len, kv_len, s.causal) ? acc[n][2 + e] * c : -INFINITY;
-      m_lo = fmaxf(m_lo, acc[n][e]);
-      m_hi = fmaxf(m_hi, acc[n][2 + e]);
-    }
+    m_lo = fmaxf(m_lo, fmaxf(acc[n][0], acc[n][1]));
+    m_hi = fmaxf(m_hi, fmaxf(acc[n][2], acc[n][3]));
   }
   m_lo = quad_max(m_lo);
   m_hi = quad_max(m_hi);
-  const float base_lo = m_lo == -INFINITY ? 0.f : m_lo, base_hi = m_hi == -INFINITY ? 0.f : m_hi;
+  // (A row always sees key 0, so m is finite; the guard keeps -inf - -inf out all the same.)
+  const float base_lo = m_lo == -INFINITY ? 0.f : m_lo * c, base_hi = m_hi == -INFINITY ? 0.f : m_hi * c;
+  exp2_rows<kS>(acc, c, base_lo, base_hi);
   float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
   for (int n = 0; n < kS / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      acc[n][e] = exp2f(acc[n][e] - base_lo);
-      acc[n][2 + e] = exp2f(acc[n][2 + e] - base_hi);
-      sum_lo += acc[n][e];
-      sum_hi += acc[n][2 + e];
-    }
+    sum_lo += acc[n][0] + acc[n][1];
+    sum_hi += acc[n][2] + acc[n][3];
   }
-  sum_lo = quad_sum(sum_lo);
+  sum_lo = quad_sum(sum_lo);  // at least 1: the maximum's own entry
   sum_hi = quad_sum(sum_hi);
   float* lse = p.lse + static_cast<int64_t>(blockIdx.x) * q_len;
   if (t == 0) {
-    if (i_lo < q_len) lse[i_lo] = base_lo + log2f(sum_lo);
-    if (i_hi < q_len) lse[i_hi] = base_hi + log2f(sum_hi);
+    if (i_lo < q_len) lse[i_lo] = base_lo + __log2f(sum_lo);
+    if (i_hi < q_len) lse[i_hi] = base_hi + __log2f(sum_hi);
   }
 
   wait_copies<0>();
@@ -321,7 +357,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_fwd_kernel(ShortFwdParam
       [&](int kb, int np) { return b_row(vs, l.ld, kb * 16, np * 16, lane); });
 
   T* out = static_cast<T*>(p.o) + b * p.so.b + h * p.so.h + r0 * p.so.l;
-  write_rows<T>(o, sum_lo > 0.f ? 1.f / sum_lo : 0.f, sum_hi > 0.f ? 1.f / sum_hi : 0.f, qs + r0 * l.ld, l.ld, out,
+  write_rows<T, kD>(o, __frcp_rn(sum_lo), __frcp_rn(sum_hi), qs + r0 * l.ld, l.ld, out,
                 p.so.l, q_len - r0, dh, lane);
 }
 
@@ -342,13 +378,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_bwd_kernel(ShortBwdParam
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
 
   // Q, K and the log-sum-exp first (P), V and dO behind them (dP).
-  load_rows(qs, l.ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
-  load_rows(ks, l.ld, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l, kv_len, l.sp, dh);
+  load_rows<T, kD>(qs, l.ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
+  load_rows<T, kD>(ks, l.ld, static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h, p.sk.l, kv_len, l.sp, dh);
   const float* lse = p.lse + static_cast<int64_t>(blockIdx.x) * q_len;
   for (int i = threadIdx.x; i < l.lp; i += blockDim.x) copy4(ls + i, i < q_len ? lse + i : lse, i < q_len);
   commit();
-  load_rows(vs, l.ld, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l, kv_len, l.sp, dh);
-  load_rows(dos, l.ld, static_cast<const T*>(p.dout) + b * p.sdo.b + h * p.sdo.h, p.sdo.l, q_len, l.lp, dh);
+  load_rows<T, kD>(vs, l.ld, static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h, p.sv.l, kv_len, l.sp, dh);
+  load_rows<T, kD>(dos, l.ld, static_cast<const T*>(p.dout) + b * p.sdo.b + h * p.sdo.h, p.sdo.l, q_len, l.lp, dh);
   commit();
   wait_copies<1>();
   __syncthreads();
@@ -365,16 +401,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_bwd_kernel(ShortBwdParam
       pr, d_blocks, s_blocks, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, l.ld, r0, kb * 16, lane)); },
       [&](int kb, int np) { return bt_row(ks, l.ld, np * 16, kb * 16, lane); });
   const float c = p.scale * kLog2e;
-  const float lse_lo = ls[i_lo], lse_hi = ls[i_hi];
-#pragma unroll
-  for (int n = 0; n < kS / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int j = n * 8 + 2 * t + e;
-      pr[n][e] = visible(i_lo, j, q_len, kv_len, s.causal) ? exp2f(pr[n][e] * c - lse_lo) : 0.f;
-      pr[n][2 + e] = visible(i_hi, j, q_len, kv_len, s.causal) ? exp2f(pr[n][2 + e] * c - lse_hi) : 0.f;
-    }
-  }
+  // (Rows past L: zero Q and dO rows and a log-sum-exp of 0 give P = 1, dP = 0 and dS = 0, which add
+  // nothing to dV or dK.)
+  if (s.causal || kv_len < kS) mask_scores<kS>(pr, i_lo, kv_len, s.causal, t);
+  exp2_rows<kS>(pr, c, ls[i_lo], ls[i_hi]);
 
   wait_copies<0>();
   __syncthreads();
@@ -408,27 +438,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_bwd_kernel(ShortBwdParam
     }
   }
 
-  // dQ = dS K, the warp's rows, from registers straight to global memory (every shared array is
-  // still read by some warp).
-  {
-    float dq[kD / 8][4];
-    zero(dq);
-    product<T, kS / 16, kD / 8, true>(
-        dq, s_blocks, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
-        [&](int kb, int np) { return b_row(ks, l.ld, kb * 16, np * 16, lane); });
-    T* dq_out = static_cast<T*>(p.dq) + b * p.sdq.b + h * p.sdq.h;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      if (n < dh / 8) {
-        const int col = n * 8 + 2 * t;
-        if (i_lo < q_len) *reinterpret_cast<uint32_t*>(dq_out + i_lo * p.sdq.l + col) = pack2<T>(dq[n][0], dq[n][1]);
-        if (i_hi < q_len) *reinterpret_cast<uint32_t*>(dq_out + i_hi * p.sdq.l + col) = pack2<T>(dq[n][2], dq[n][3]);
-      }
-    }
-  }
   __syncthreads();
 
-  // dV = P^T dO and dK = dS^T Q, a 16-key tile a warp at a time.
+  // dV = P^T dO and dK = dS^T Q, a 16-key tile a warp at a time, each written through the warp's own
+  // rows of V's array (V is read no more) as 16-byte rows.
   T* dv_out = static_cast<T*>(p.dv) + b * p.sdv.b + h * p.sdv.h;
   T* dk_out = static_cast<T*>(p.dk) + b * p.sdk.b + h * p.sdk.h;
   const int l_blocks = l.lp / 16;
@@ -452,19 +465,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_bwd_kernel(ShortBwdParam
           }
         }
       }
-      T* dst = (which == 0 ? dv_out : dk_out);
       const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
-      const int j_lo = j0 + g, j_hi = j0 + g + 8;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        if (n < dh / 8) {
-          const int col = n * 8 + 2 * t;
-          if (j_lo < kv_len) *reinterpret_cast<uint32_t*>(dst + j_lo * stride + col) = pack2<T>(acc[n][0], acc[n][1]);
-          if (j_hi < kv_len) *reinterpret_cast<uint32_t*>(dst + j_hi * stride + col) = pack2<T>(acc[n][2], acc[n][3]);
-        }
-      }
+      write_rows<T, kD>(acc, 1.f, 1.f, vs + j0 * l.ld, l.ld, (which == 0 ? dv_out : dk_out) + j0 * stride, stride,
+                        kv_len - j0, dh, lane);
     }
   }
+  __syncthreads();
+
+  // dQ = dS K, the warp's rows (dS back from shared memory), written through its own rows of Q's array.
+  float dq[kD / 8][4];
+  zero(dq);
+  product<T, kS / 16, kD / 8, true>(
+      dq, s_blocks, d_blocks, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(dss, l.ldp, r0, kb * 16, lane)); },
+      [&](int kb, int np) { return b_row(ks, l.ld, kb * 16, np * 16, lane); });
+  write_rows<T, kD>(dq, 1.f, 1.f, qs + r0 * l.ld, l.ld, static_cast<T*>(p.dq) + b * p.sdq.b + h * p.sdq.h + r0 * p.sdq.l,
+                    p.sdq.l, q_len - r0, dh, lane);
 }
 
 bool fail(std::string* why, const char* text) {
