@@ -4,9 +4,12 @@
     python3 bench/e2e.py --out bench/results/e2e-h200.json                # one GPU
     python3 bench/e2e.py --nproc 2 --out bench/results/e2e-h200-x2.json   # torchrun, two GPUs
     python3 bench/e2e.py --example lstm_lm --out bench/results/e2e-lstm-h200.json   # the LSTM model
+    python3 bench/e2e.py --example transformer --config 2 --dtype bfloat16     # nn.MultiheadAttention
 
-On a bundled example (full size; --example: evoformer, the default, or lstm_lm, whose nn.LSTM has
-the seed's LSTM shape; --layers N stacks its LSTM), same seed and data in every run:
+On a bundled example (full size; --example: evoformer, the default; lstm_lm, whose nn.LSTM has
+the seed's LSTM shape; transformer, whose nn.MultiheadAttention and LayerNorms have the seed's
+attention shapes, --config 1 or 2; --layers N stacks lstm_lm's LSTMs or transformer's blocks), same
+seed and data in every run:
   1. hfnn profile   the example (under torchrun with --nproc > 1) -> shapes.db
   2. hfnn tune      its keys (LayerNorm, LSTM, ...); the projected speed-up comes from here
   3. train --steps with torch's kernels, then the same with HFNN_DISPATCH_DB=shapes.db, alternating
@@ -36,7 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 from _bench import require_hfnn, run, write_result  # noqa: E402
 # The examples this runs: --example's choices, each a training script taking the harness's options.
-EXAMPLES = {"evoformer": ROOT / "examples" / "evoformer.py", "lstm_lm": ROOT / "examples" / "lstm_lm.py"}
+EXAMPLES = {"evoformer": ROOT / "examples" / "evoformer.py", "lstm_lm": ROOT / "examples" / "lstm_lm.py",
+            "transformer": ROOT / "examples" / "transformer.py"}
+# The examples' own options e2e passes on, and which examples take them.
+TAKES = {"layers": ("lstm_lm", "transformer"), "config": ("transformer",)}
 
 
 
@@ -79,17 +85,25 @@ def svg_plot(torch_run, hfnn_run, title):
 def example_command(args) -> list:
     """The example's script and the options every run of it shares (profile and both trainings)."""
     cmd = [str(EXAMPLES[args.example]), "--dtype", args.dtype, *(["--tf32"] if args.tf32 else [])]
-    if args.layers is not None:
-        if args.example != "lstm_lm":
-            sys.exit(f"bench/e2e.py: --layers is the LSTM example's option (--example lstm_lm), not {args.example}'s")
-        cmd += ["--layers", str(args.layers)]
+    for option, examples in TAKES.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        if args.example not in examples:
+            sys.exit(f"bench/e2e.py: --{option} is an option of {' and '.join(examples)} (--example), "
+                     f"not of {args.example}")
+        cmd += [f"--{option}", str(value)]
     return cmd
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="evoformer", help="which bundled training script")
-    ap.add_argument("--layers", type=int, help="stacked LSTM layers (--example lstm_lm; its default: 1)")
+    ap.add_argument("--layers", type=int,
+                    help="stacked LSTM layers (lstm_lm; its default 1) or Transformer blocks (transformer; default 2)")
+    ap.add_argument("--config", type=int, choices=[1, 2],
+                    help="transformer's shape: 1 batch 200 seq 256 embed 1024 heads 16 (its default), "
+                         "2 batch 5000 seq 64 embed 512 heads 8")
     ap.add_argument("--nproc", type=int, default=1, help="GPUs (torchrun) for every step")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores, as in the seeds' profile")
@@ -149,7 +163,7 @@ def main():
     gpu = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
     result = {
         "gpu": gpu, "torch": torch.__version__, "date": dt.date.today().isoformat(),
-        "example": EXAMPLES[args.example].name, "dtype": args.dtype, "layers": args.layers, "tf32": args.tf32, "world_size": args.nproc, "steps": args.steps,
+        "example": EXAMPLES[args.example].name, "dtype": args.dtype, "layers": args.layers, "config": args.config, "tf32": args.tf32, "world_size": args.nproc, "steps": args.steps,
         "repeats": args.repeats,
         "torch_step_ms": round(torch_ms, 3), "hfnn_step_ms": round(hfnn_ms, 3),
         "measured_speedup": round(measured, 4), "best_run_speedup": round(best_run, 4),

@@ -39,6 +39,8 @@
 #   lstm-grid bench/lstm.py --grid: the hidden x batch crossover map in bf16 and fp32, and its SVG
 #   e2e-lstm  bench/e2e.py --example lstm_lm: profile, tune, HFNN_DISPATCH_DB on the LSTM model
 #             (fp32 and bf16)
+#   e2e-mha   bench/e2e.py --example transformer: the same on the Transformer example in bf16, one run
+#             per --config in $E2E_MHA_CONFIGS (default "2 1"), each under $E2E_MHA_TIMEOUT s (280)
 #   pytest-lstm  tests/python/test_lstm.py with its GPU tests, verbose, with timings
 #   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
 #             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there
@@ -277,6 +279,14 @@ if want e2e-lstm; then
     python3 bench/e2e.py --example lstm_lm --dtype "$dtype" --out "$OUT/e2e-lstm-$gpu-$dtype.json" \
       --plot "$OUT/e2e-lstm-$gpu-$dtype.svg" > "$OUT/e2e-lstm-$dtype.log" 2>&1 || status=1
     tail -24 "$OUT/e2e-lstm-$dtype.log"
+  done
+fi
+if want e2e-mha; then
+  for cfg in ${E2E_MHA_CONFIGS:-2 1}; do
+    timeout ${E2E_MHA_TIMEOUT:-280} python3 bench/e2e.py --example transformer --config "$cfg" --dtype bfloat16 \
+      --out "$OUT/e2e-transformer-c$cfg-$gpu-bfloat16.json" --plot "$OUT/e2e-transformer-c$cfg-$gpu-bfloat16.svg" \
+      > "$OUT/e2e-transformer-c$cfg.log" 2>&1 || status=1
+    tail -30 "$OUT/e2e-transformer-c$cfg.log"
   done
 fi
 if want pytest-lstm; then

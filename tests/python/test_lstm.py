@@ -658,8 +658,12 @@ def test_e2e_runs_the_lstm_example():
     assert Path(cmd[0]).name == "lstm_lm.py" and Path(cmd[0]).is_file()
     assert cmd[1:] == ["--dtype", "bfloat16", "--layers", "2"]
     assert Path(e2e.example_command(e2e.parse_args([]))[0]).name == "evoformer.py"
-    with pytest.raises(SystemExit, match="--layers is the LSTM example's option"):
+    with pytest.raises(SystemExit, match="--layers is an option of lstm_lm and transformer"):
         e2e.example_command(e2e.parse_args(["--layers", "2"]))
+    cmd_t = e2e.example_command(e2e.parse_args(["--example", "transformer", "--config", "2", "--dtype", "bfloat16"]))
+    assert Path(cmd_t[0]).name == "transformer.py" and cmd_t[1:] == ["--dtype", "bfloat16", "--config", "2"]
+    with pytest.raises(SystemExit, match="--config is an option of transformer"):
+        e2e.example_command(e2e.parse_args(["--example", "lstm_lm", "--config", "2"]))
     # The example itself, as e2e runs it (small on the CPU), with and without hfnn's module.
     for extra in ([], ["--hfnn"]):
         out = subprocess.run([sys.executable, cmd[0], "--steps", "1", "--warmup", "0", "--device", "cpu", "--layers",
