@@ -8,7 +8,8 @@ Per config x dtype x candidate x pass:
   graph_ms  per-call GPU time of the same calls captured in a CUDA graph and replayed (no CPU cost)
   cpu_us    process CPU time per call while launching them (every thread: the autograd engine's
             too)
-Candidates: `torch` (the module, need_weights=False unless the record says otherwise), hfnn's op
+Candidates: `torch` (the module, with the record's need_weights; True returns the weights averaged
+over the heads, as the module's default does, and only the output is differentiated), hfnn's op
 with each core that takes the shape (`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`,
 `sdpa_auto` = torch's own pick), `hfnn`: the fastest of those by fwd+bwd wall time, which is
 what `hfnn tune` will store, and `dispatch`: a plain nn.MultiheadAttention timed in a process of
@@ -69,19 +70,25 @@ torch.cuda.synchronize()
 """
 
 
+# A candidate's call returns (output, the averaged weights or None).
 def module_call(m, x, need_weights):
-    return lambda: m(x, x, x, need_weights=need_weights)[0]
+    return lambda: m(x, x, x, need_weights=need_weights)
 
 
-def op_call(m, x, core):
-    return lambda: torch.ops.hfnn.multi_head_attention(x, x, x, m.num_heads, m.in_proj_weight, m.in_proj_bias,
-                                                       m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core)
+def op_call(m, x, core, need_weights=False):
+    if need_weights:
+        return lambda: torch.ops.hfnn.multi_head_attention_with_weights(
+            x, x, x, m.num_heads, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, True, False,
+            0.0, core)
+    return lambda: (torch.ops.hfnn.multi_head_attention(x, x, x, m.num_heads, m.in_proj_weight, m.in_proj_bias,
+                                                        m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core),
+                    None)
 
 
 def training_step(fn, grad, backward):
     """One call as a training loop makes it: forward, and the backward when timing it."""
     def step():
-        out = fn()
+        out = fn()[0]
         if backward:
             out.backward(grad)
     return step
@@ -143,15 +150,18 @@ def rel(a, b):
 
 
 def errors(fn_of, m, x, grad):
-    """max rel error of the output and every gradient against float64, for fn_of(module, input)."""
+    """max rel error of the output, every gradient and the returned weights (where the call returns
+    them) against float64, for fn_of(module, input)."""
     m64 = nn.MultiheadAttention(m.embed_dim, m.num_heads, batch_first=True, device="cuda", dtype=torch.float64)
     m64.load_state_dict(m.state_dict())
     x64 = x.detach().double().requires_grad_()
-    out64 = m64(x64, x64, x64, need_weights=False)[0]
+    out64, weights64 = m64(x64, x64, x64, need_weights=True)
     ref = [out64] + list(torch.autograd.grad(out64, [x64] + list(m64.parameters()), grad.double()))
     xl = x.detach().requires_grad_()
-    out = fn_of(m, xl)()
+    out, weights = fn_of(m, xl)()
     got = [out] + list(torch.autograd.grad(out, [xl] + list(m.parameters()), grad))
+    if weights is not None:
+        got, ref = got + [weights], ref + [weights64]
     return max(rel(a, b) for a, b in zip(got, ref))
 
 
@@ -235,6 +245,10 @@ def main() -> int:
     ap.add_argument("--configs", type=int, nargs="*", help="indices into the config list (default: all)")
     ap.add_argument("--round-s", type=float, default=0.05, help="seconds per timing round")
     ap.add_argument("--no-dispatch", action="store_true", help="leave out the `dispatch` candidate")
+    ap.add_argument("--need-weights", choices=["false", "true", "both"], default="both",
+                    help="need_weights=False calls (every config and dtype), need_weights=True calls (the bf16 "
+                         "configs: the module returning the head-averaged weights against hfnn's op with the "
+                         "cores that return them), or both (default)")
     ap.add_argument("--dispatch-worker", nargs=5, metavar=("B", "L", "E", "HEADS", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -251,72 +265,75 @@ def main() -> int:
     date = datetime.date.today().isoformat()
     records = []
     configs = [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS
-    for (b, length, embed, heads), dtypes in configs:
-        for dtype_name in dtypes:
-            dtype = getattr(torch, dtype_name)
-            torch.manual_seed(0)
-            m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
-            x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
-            grad = torch.randn(b, length, embed, device="cuda", dtype=dtype)
-            params = list(m.parameters())
-            cands = {"torch": lambda mm, xx: module_call(mm, xx, False)}
-            for name, core in CORES.items():
-                if torch.ops.hfnn.multi_head_attention_supports(x, x, x, heads, True, False, 0.0, core):
-                    cands[name] = (lambda c: (lambda mm, xx: op_call(mm, xx, c)))(core)
-            err_torch = errors(cands["torch"], m, x, grad)
-            rows = {}
-            for name, make in cands.items():
-                err = errors(make, m, x, grad)
-                ok = err <= max(4 * err_torch, 1e-6)
-                fn = make(m, x)
-                fwd_ms, fwd_cpu = wall(fn, grad, False, args.round_s)
-                tot_ms, tot_cpu = wall(fn, grad, True, args.round_s)
-                g_fwd = graphed(fn, grad, False, params, x)
-                g_tot = graphed(fn, grad, True, params, x)
-                rows[name] = dict(fwd=(fwd_ms, g_fwd, fwd_cpu), bwd=(tot_ms - fwd_ms, g_tot - g_fwd, tot_cpu - fwd_cpu),
-                                  total=tot_ms, error=err, ok=ok)
-                print(f"[{b}, {length}, {embed}, {heads}] {dtype_name} {name:15s} err {err:.1e}{'' if ok else ' REJECTED'}"
-                      f"  wall fwd {fwd_ms:7.3f} bwd {tot_ms - fwd_ms:7.3f} ms  graph fwd {g_fwd:7.3f} "
-                      f"bwd {g_tot - g_fwd:7.3f} ms  cpu fwd {fwd_cpu:6.0f} bwd {tot_cpu - fwd_cpu:6.0f} us", flush=True)
-                torch.cuda.empty_cache()
-            variants = {k: v for k, v in rows.items() if k != "torch" and v["ok"]}
-            if variants:
-                best = min(variants, key=lambda k: variants[k]["total"])
-                rows["hfnn"] = dict(rows[best], winner=best)
-                print(f"  -> hfnn = {best}: fwd+bwd {rows['torch']['total'] / rows[best]['total']:.2f}x torch", flush=True)
-                named = {k: v for k, v in variants.items() if CORES.get(k) in variants_in_build}
-                if dispatch and named:
-                    core = best if best in named else min(named, key=lambda k: named[k]["total"])
-                    try:
-                        d = dispatch_candidate([b, length, embed, heads], dtype_name, core, args.round_s)
-                    except (RuntimeError, ValueError) as e:
-                        print(f"  dispatch: not measured: {e}", flush=True)
-                    else:
-                        rows["dispatch"] = dict(fwd=tuple(d["fwd"]), bwd=tuple(d["bwd"]), total=d["total"],
-                                                error=d["error"], ok=d["error"] <= max(4 * err_torch, 1e-6),
-                                                winner=core, dispatch_calls=dict(d["calls"], **{
-                                                    f"torch because {k}": n for k, n in d["fallbacks"].items()}))
-                        gf, gb = d["fwd"][1], d["bwd"][1]
-                        graph = "" if gf is None else f"  graph fwd {gf:7.3f} bwd {gb:7.3f} ms"
-                        print(f"[{b}, {length}, {embed}, {heads}] {dtype_name} {'dispatch':15s} err {d['error']:.1e}"
-                              f"  wall fwd {d['fwd'][0]:7.3f} bwd {d['bwd'][0]:7.3f} ms{graph}  cpu fwd {d['fwd'][2]:6.0f} "
-                              f"bwd {d['bwd'][2]:6.0f} us  ({core}; calls {d['calls']}, fall-backs {d['fallbacks']})",
-                              flush=True)
-                        print(f"  -> dispatch: fwd+bwd {rows['torch']['total'] / d['total']:.2f}x torch, "
-                              f"{d['total'] / rows[best]['total']:.2f}x the op's own call", flush=True)
-            for name, r in rows.items():
-                for p in ("fwd", "bwd"):
-                    w, g, c = r[p]
-                    rec = dict(gpu=gpu, torch=torch.__version__, date=date, config=[b, length, embed, heads],
-                               dtype=dtype_name, need_weights=False, **{"pass": p}, candidate=name,
-                               wall_ms=round(w, 4), graph_ms=None if g is None else round(g, 4), cpu_us=round(c, 1),
-                               max_rel_error=r["error"], correct=r["ok"])
-                    for extra in ("winner", "dispatch_calls"):
-                        if extra in r:
-                            rec[extra] = r[extra]
-                    records.append(rec)
-            del m, x, grad
+    weight_modes = {"false": [False], "true": [True], "both": [False, True]}[args.need_weights]
+    runs = [(config, dtype_name, nw) for nw in weight_modes for config, dtypes in configs for dtype_name in dtypes
+            if not nw or dtype_name == "bfloat16"]
+    for (b, length, embed, heads), dtype_name, nw in runs:
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(0)
+        m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+        x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+        grad = torch.randn(b, length, embed, device="cuda", dtype=dtype)
+        params = list(m.parameters())
+        cands = {"torch": lambda mm, xx: module_call(mm, xx, nw)}
+        for name, core in CORES.items():
+            if torch.ops.hfnn.multi_head_attention_supports(x, x, x, heads, True, False, 0.0, core, need_weights=nw):
+                cands[name] = (lambda c: (lambda mm, xx: op_call(mm, xx, c, nw)))(core)
+        err_torch = errors(cands["torch"], m, x, grad)
+        rows = {}
+        for name, make in cands.items():
+            err = errors(make, m, x, grad)
+            ok = err <= max(4 * err_torch, 1e-6)
+            fn = make(m, x)
+            fwd_ms, fwd_cpu = wall(fn, grad, False, args.round_s)
+            tot_ms, tot_cpu = wall(fn, grad, True, args.round_s)
+            g_fwd = graphed(fn, grad, False, params, x)
+            g_tot = graphed(fn, grad, True, params, x)
+            rows[name] = dict(fwd=(fwd_ms, g_fwd, fwd_cpu), bwd=(tot_ms - fwd_ms, g_tot - g_fwd, tot_cpu - fwd_cpu),
+                              total=tot_ms, error=err, ok=ok)
+            print(f"[{b}, {length}, {embed}, {heads}] {dtype_name}{' weights' if nw else ''} {name:15s} "
+                  f"err {err:.1e}{'' if ok else ' REJECTED'}"
+                  f"  wall fwd {fwd_ms:7.3f} bwd {tot_ms - fwd_ms:7.3f} ms  graph fwd {g_fwd:7.3f} "
+                  f"bwd {g_tot - g_fwd:7.3f} ms  cpu fwd {fwd_cpu:6.0f} bwd {tot_cpu - fwd_cpu:6.0f} us", flush=True)
             torch.cuda.empty_cache()
+        variants = {k: v for k, v in rows.items() if k != "torch" and v["ok"]}
+        if variants:
+            best = min(variants, key=lambda k: variants[k]["total"])
+            rows["hfnn"] = dict(rows[best], winner=best)
+            print(f"  -> hfnn = {best}: fwd+bwd {rows['torch']['total'] / rows[best]['total']:.2f}x torch", flush=True)
+            named = {k: v for k, v in variants.items() if CORES.get(k) in variants_in_build}
+            if dispatch and named and not nw:
+                core = best if best in named else min(named, key=lambda k: named[k]["total"])
+                try:
+                    d = dispatch_candidate([b, length, embed, heads], dtype_name, core, args.round_s)
+                except (RuntimeError, ValueError) as e:
+                    print(f"  dispatch: not measured: {e}", flush=True)
+                else:
+                    rows["dispatch"] = dict(fwd=tuple(d["fwd"]), bwd=tuple(d["bwd"]), total=d["total"],
+                                            error=d["error"], ok=d["error"] <= max(4 * err_torch, 1e-6),
+                                            winner=core, dispatch_calls=dict(d["calls"], **{
+                                                f"torch because {k}": n for k, n in d["fallbacks"].items()}))
+                    gf, gb = d["fwd"][1], d["bwd"][1]
+                    graph = "" if gf is None else f"  graph fwd {gf:7.3f} bwd {gb:7.3f} ms"
+                    print(f"[{b}, {length}, {embed}, {heads}] {dtype_name} {'dispatch':15s} err {d['error']:.1e}"
+                          f"  wall fwd {d['fwd'][0]:7.3f} bwd {d['bwd'][0]:7.3f} ms{graph}  cpu fwd {d['fwd'][2]:6.0f} "
+                          f"bwd {d['bwd'][2]:6.0f} us  ({core}; calls {d['calls']}, fall-backs {d['fallbacks']})",
+                          flush=True)
+                    print(f"  -> dispatch: fwd+bwd {rows['torch']['total'] / d['total']:.2f}x torch, "
+                          f"{d['total'] / rows[best]['total']:.2f}x the op's own call", flush=True)
+        for name, r in rows.items():
+            for p in ("fwd", "bwd"):
+                w, g, c = r[p]
+                rec = dict(gpu=gpu, torch=torch.__version__, date=date, config=[b, length, embed, heads],
+                           dtype=dtype_name, need_weights=nw, **{"pass": p}, candidate=name,
+                           wall_ms=round(w, 4), graph_ms=None if g is None else round(g, 4), cpu_us=round(c, 1),
+                           max_rel_error=r["error"], correct=r["ok"])
+                for extra in ("winner", "dispatch_calls"):
+                    if extra in r:
+                        rec[extra] = r[extra]
+                records.append(rec)
+        del m, x, grad
+        torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(records, indent=1) + "\n")
