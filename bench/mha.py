@@ -26,6 +26,7 @@ in the same dtype).
 
     python3 bench/mha.py --out bench/results/mha-h200.json
     python3 bench/mha.py --configs 2 --out /tmp/mha-32.json     # [32, 128, 768, 12] bf16 alone
+    python3 bench/mha.py --config 64 100 1280 20 --dtypes float16 --no-dispatch   # a shape of your own
 """
 from __future__ import annotations
 
@@ -243,14 +244,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="write the records here (a JSON array)")
     ap.add_argument("--configs", type=int, nargs="*", help="indices into the config list (default: all)")
+    ap.add_argument("--config", type=int, nargs=4, action="append", metavar=("B", "L", "E", "HEADS"),
+                    help="a config of your own instead of the list (repeatable), in --dtypes")
+    ap.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"], default=["bfloat16"],
+                    help="the dtypes of the --config configs (default: bfloat16)")
     ap.add_argument("--round-s", type=float, default=0.05, help="seconds per timing round")
     ap.add_argument("--no-dispatch", action="store_true", help="leave out the `dispatch` candidate")
     ap.add_argument("--need-weights", choices=["false", "true", "both"], default="both",
-                    help="need_weights=False calls (every config and dtype), need_weights=True calls (the bf16 "
+                    help="need_weights=False calls (every config and dtype), need_weights=True calls (the 16-bit "
                          "configs: the module returning the head-averaged weights against hfnn's op with the "
                          "cores that return them), or both (default)")
     ap.add_argument("--dispatch-worker", nargs=5, metavar=("B", "L", "E", "HEADS", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.config:
+        bad = [c for c in args.config if min(c) < 1 or c[2] % c[3] != 0]
+        if bad:
+            sys.exit(f"bench/mha.py: --config {' '.join(map(str, bad[0]))}: B, L, E and HEADS must be positive and E "
+                     "a multiple of HEADS")
+        configs = [(c, args.dtypes) for c in args.config]
+    else:
+        configs = [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS
     if not torch.cuda.is_available():
         sys.exit("bench/mha.py: needs a CUDA GPU")
     if args.dispatch_worker:
@@ -264,10 +277,9 @@ def main() -> int:
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     records = []
-    configs = [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS
     weight_modes = {"false": [False], "true": [True], "both": [False, True]}[args.need_weights]
     runs = [(config, dtype_name, nw) for nw in weight_modes for config, dtypes in configs for dtype_name in dtypes
-            if not nw or dtype_name == "bfloat16"]
+            if not nw or dtype_name != "float32"]
     for (b, length, embed, heads), dtype_name, nw in runs:
         dtype = getattr(torch, dtype_name)
         torch.manual_seed(0)
