@@ -42,6 +42,8 @@
 #   e2e-mha   bench/e2e.py --example transformer: the same on the Transformer example in bf16, one run
 #             per --config in $E2E_MHA_CONFIGS (default "2 1"), each under $E2E_MHA_TIMEOUT s (280)
 #   pytest-lstm  tests/python/test_lstm.py with its GPU tests, verbose, with timings
+#   lstm-steps  bench/lstm_steps.py: the persistent LSTM kernel's us per step (C++ timing test, 2 rounds;
+#             $LSTM_STEPS_VERSION names the build in the records)
 #   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
 #             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
@@ -264,6 +266,11 @@ fi
 if want mha; then
   timeout ${MHA_TIMEOUT:-560} python3 bench/mha.py --out "$OUT/mha-$gpu.json" ${MHA_ARGS:-} 2>&1 | tee "$OUT/mha.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want lstm-steps; then
+  python3 bench/lstm_steps.py --tests "$tests_bin" --version "${LSTM_STEPS_VERSION:-this build}" \
+    --commit "$(git rev-parse --short HEAD 2>/dev/null || true)" --out "$OUT/lstm_persistent_steps-$gpu.json" \
+    2>&1 | tee "$OUT/lstm-steps.log" | tail -40; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want lstm; then
   timeout ${LSTM_TIMEOUT:-560} python3 bench/lstm.py --out "$OUT/lstm-$gpu.json" ${LSTM_ARGS:-} 2>&1 | tee "$OUT/lstm.log" | tail -80

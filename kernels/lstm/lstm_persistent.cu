@@ -52,7 +52,8 @@
 // by the barrier: the pattern of cooperative_groups' grid sync); a block about to read dG_t polls
 // all words with one warp (ld.relaxed.gpu, 8 a lane in flight), then fence.acq_rel.gpu (with the
 // relaxed reads that observed the releases, the PTX memory model's acquire pattern) and
-// __syncthreads; then it reads dG_t with plain L2 loads, every one of them a value of this step.
+// __syncthreads; then it copies dG_t into shared memory with cp.async (every copy in flight at once,
+// one wait: stage_ready_async), every value one of this step.
 // No memset of dG (T x B x 4H floats: 63 MB at the seed size) before the launch any more.
 //
 // A grid of one block whose batch fits one stage (small steps, plan()) keeps the whole recurrence
@@ -293,6 +294,22 @@ __device__ __forceinline__ void stage_ready(float* __restrict__ v, const float* 
       if (idx < n) v[idx] = x[j];
     }
   }
+}
+
+// The same by cp.async, 16 bytes a copy straight into shared memory (no registers on the way), for
+// rows of `len` floats whose length is a multiple of 4, staged unpadded (kp == len), from a 16-byte
+// aligned src: every copy of the stage in flight at once, then one wait. The backward's dG_t
+// (B x 4H floats, always such rows) took ceil(B 4H / (kThreads kStageBatch)) L2 round trips a step
+// by stage_ready: 4 at the seed's H = 985, B = 4. cp.async.cg reads at L2 (not L1), as __ldcg.
+__device__ __forceinline__ void stage_ready_async(float* __restrict__ v, const float* src, int b0, int nb, int len) {
+  const int n4 = nb * len / 4;
+  const float4* base = reinterpret_cast<const float4*>(src + static_cast<int64_t>(b0) * len);
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(v));
+  for (int i = static_cast<int>(threadIdx.x); i < n4; i += kThreads)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * static_cast<unsigned>(i)),
+                 "l"(base + i)
+                 : "memory");
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // The backward's readiness words (header comment): word b (kFlagWords apart) holds the count of
@@ -589,7 +606,12 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
       const int nb = min(bs, B - b0);
       // (v's last readers, the products of the chunk before, finished before the barrier after
       // them; acc's, the sums below, before the barrier after this stage.)
-      if (!chip) stage_ready(v, dg_t, b0, nb, static_cast<int>(G), kp);
+      if (!chip) {
+        if (kp == G)  // rows of 4H floats: always, kp being 4H rounded up to 4
+          stage_ready_async(v, dg_t, b0, nb, static_cast<int>(G));
+        else
+          stage_ready(v, dg_t, b0, nb, static_cast<int>(G), kp);
+      }
       __syncthreads();  // v filled (staged, or on chip by the gate phase) before any warp's products
       block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the sums

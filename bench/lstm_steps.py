@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The persistent LSTM kernel's µs per step, kernel level: runs the C++ timing test
+(LstmKernels.DISABLED_PersistentTiming*, the input-projection and weight-gradient GEMMs included,
+CUDA events around the variant's forward and backward, best of 5, T = 1,000) and writes its lines
+as records (the format of bench/results/lstm_persistent_steps-*.json).
+
+    python3 bench/lstm_steps.py --tests build/py3-none-linux_x86_64/hfnn_kernel_tests \
+        --version "v5: dG_t staged by cp.async" --out bench/results/lstm_persistent_steps-h100.json
+    bash scripts/device_run.sh lstm-steps       # on the GPU machine ($LSTM_STEPS_VERSION names it)
+
+--rounds N runs it N times and keeps each shape's median: the step times are latencies and move by
+1-2% from run to run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+LINE = re.compile(r"persistent T(\d+) B(\d+) I(\d+) H(\d+) (\w+)(?: bias)?: fwd ([\d.]+) us/step, bwd ([\d.]+) us/step")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tests", required=True, help="the hfnn_kernel_tests binary")
+    ap.add_argument("--version", required=True, help="what this build is, for the records")
+    ap.add_argument("--commit", default="", help="the commit built")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if not Path(args.tests).is_file():
+        sys.exit(f"bench/lstm_steps.py: --tests {args.tests}: no such file (build it: scripts/device_wheel.sh)")
+    runs: dict[tuple, list] = {}
+    for _ in range(args.rounds):
+        out = subprocess.run([args.tests, "--gtest_also_run_disabled_tests",
+                              "--gtest_filter=LstmKernels.DISABLED_PersistentTiming*"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"bench/lstm_steps.py: the timing test failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+        for line in out.stdout.splitlines():
+            m = LINE.search(line)
+            if m:
+                t, b, i, h, dtype, f, bw = m.groups()
+                runs.setdefault((int(i), int(h), int(b), int(t), dtype), []).append((float(f), float(bw)))
+    if not runs:
+        sys.exit("bench/lstm_steps.py: the timing test printed no step times (no GPU?)")
+    import torch
+
+    meta = dict(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch=torch.__version__,
+                date=datetime.date.today().isoformat(), variant="persistent", version=args.version,
+                commit=args.commit)
+    records = []
+    for (i, h, b, t, dtype), vals in runs.items():
+        f = statistics.median(v[0] for v in vals)
+        bw = statistics.median(v[1] for v in vals)
+        records.append(dict(meta, config=[i, h, b, t], layers=1, bidirectional=False, dtype=dtype,
+                            fwd_us_per_step=f, bwd_us_per_step=bw, fwd_bwd_ms=round((f + bw) * t / 1e3, 3)))
+        print(f"{dtype:9s} [{i}, {h}, {b}, {t}]  fwd {f:6.2f}  bwd {bw:6.2f} us/step  fwd+bwd {(f + bw) * t / 1e3:7.3f} ms")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(records, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
