@@ -68,6 +68,7 @@
 #include <algorithm>
 #include <array>
 #include <optional>
+#include <vector>
 
 #include "kernels/lstm/lstm_common.cuh"
 
@@ -85,6 +86,31 @@ constexpr int64_t kStageBytes = 32 * 1024;
 // before loading the next, one round trip per element a thread: 16 a step at H = 985, B = 4, and
 // 8 chunks x 62 = 496 a step in the backward at B = 32, where it took 90 us a step.)
 constexpr int kStageBatch = 16;
+
+// Phase timing, a diagnostic compiled in only with -DHFNN_LSTM_PHASES (never in the product): thread
+// 0 of every block adds the clock64() cycles of each phase of every step, and writes its totals at
+// the end (forward phases: h_{t-1} staged, products, gates; backward: gates, publish, wait for the
+// words, dG_t staged, products, sums). persistent_phases() hands them to the C++ timing test.
+constexpr int kPhases = 6, kPhaseBlocks = 1024;
+#ifdef HFNN_LSTM_PHASES
+__device__ long long phase_cycles[2][kPhaseBlocks][kPhases];
+#define HFNN_PHASE(i)                 \
+  if (threadIdx.x == 0) {             \
+    const long long now_ = clock64(); \
+    phase_acc[i] += now_ - phase_t;   \
+    phase_t = now_;                   \
+  }
+#define HFNN_PHASES_BEGIN            \
+  long long phase_acc[kPhases] = {}; \
+  long long phase_t = clock64();
+#define HFNN_PHASES_END(bwd)                         \
+  if (threadIdx.x == 0 && blockIdx.x < kPhaseBlocks) \
+    for (int i_ = 0; i_ < kPhases; ++i_) phase_cycles[bwd][blockIdx.x][i_] = phase_acc[i_];
+#else
+#define HFNN_PHASE(i)
+#define HFNN_PHASES_BEGIN
+#define HFNN_PHASES_END(bwd)
+#endif
 
 // The forward's exchanged array's empty mark (header comment): every byte 0xff, a NaN no step writes.
 constexpr unsigned kEmpty = 0xffffffffu;
@@ -427,6 +453,7 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
   if (mine) load_proj(0, proj);
   __syncthreads();  // the weights, biases (and on chip h0) in shared memory before the first products
 
+  HFNN_PHASES_BEGIN
   for (int64_t s = 0; s < a.steps; ++s) {
     const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
     const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
@@ -438,8 +465,10 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
         stage_polling(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
         __syncthreads();                          // v filled by every thread before any warp's products
       }
+      HFNN_PHASE(0)
       block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
+      HFNN_PHASE(1)
       for (int idx = tid; idx < nb * u; idx += kThreads) {
         const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
         if (unit >= H) continue;
@@ -482,7 +511,9 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
     // On chip: every thread's h_t in v before the next products read it. Otherwise the next
     // stage's own waiting orders it: no barrier.
     if (chip) __syncthreads();
+    HFNN_PHASE(2)
   }
+  HFNN_PHASES_END(0)
 }
 
 template <typename T>
@@ -554,6 +585,7 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
   };
   if (mine) load_cell(a.steps - 1);
 
+  HFNN_PHASES_BEGIN
   for (int64_t s = a.steps - 1; s >= 0; --s) {
     const int64_t t = time_of(s, a.steps, a.reverse);
     const int64_t t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
@@ -594,13 +626,16 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
         if (a.dy) prefetch_l2(a.dy + t_prev * BH + e);
       }
     }
+    HFNN_PHASE(0)
     const auto done = static_cast<unsigned>(a.steps - s);
     if (!chip) {
       __syncthreads();  // every thread's dG_t stores before the release (one block: before the stage)
       if (!lone) publish(a.flags, done);
     }
     if (mine && s > 0) load_cell(s - 1);
+    HFNN_PHASE(1)
     if (!chip && !lone) wait_all(a.flags, done);  // every block's dG_t
+    HFNN_PHASE(2)
     const float* dg_t = a.dg + t * B * G;
     for (int b0 = 0; b0 < B; b0 += bs) {
       const int nb = min(bs, B - b0);
@@ -613,8 +648,10 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
           stage_ready(v, dg_t, b0, nb, static_cast<int>(G), kp);
       }
       __syncthreads();  // v filled (staged, or on chip by the gate phase) before any warp's products
+      HFNN_PHASE(3)
       block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the sums
+      HFNN_PHASE(4)
       for (int idx = tid; idx < nb * u; idx += kThreads) {
         const int bb = idx / u, j = idx - bb * u, unit = unit0 + j;
         float sum = 0.0f;
@@ -627,7 +664,9 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
     // the next gate phase (idx over B u both times) and v's readers finished before the barrier
     // above: no barrier. With several, dh_rec's entries cross threads.
     if (bs < B) __syncthreads();
+    HFNN_PHASE(5)
   }
+  HFNN_PHASES_END(1)
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -736,6 +775,26 @@ cudaError_t launch_cooperative(void (*kernel)(Args), const Geometry& g, cudaStre
 }
 
 }  // namespace
+
+// The phase totals of the last forward (backward) launch, [block][phase] cycles, for the blocks of
+// its grid; false where the build has no phase timing (HFNN_LSTM_PHASES).
+bool persistent_phases(bool backward, const Shape& s, std::vector<long long>* out, int* grid) {
+#ifdef HFNN_LSTM_PHASES
+  const auto geo = plan(backward, s);
+  if (!geo) return false;
+  *grid = std::min(geo->grid, kPhaseBlocks);
+  out->assign(static_cast<std::size_t>(*grid) * kPhases, 0);
+  const std::size_t row = sizeof(long long) * kPhases;
+  for (int b = 0; b < *grid; ++b)
+    if (cudaMemcpyFromSymbol(out->data() + static_cast<std::size_t>(b) * kPhases, phase_cycles, row,
+                             (static_cast<std::size_t>(backward ? 1 : 0) * kPhaseBlocks + b) * row) != cudaSuccess)
+      return false;
+  return true;
+#else
+  (void)backward, (void)s, (void)out, (void)grid;
+  return false;
+#endif
+}
 
 bool persistent_supports(const Shape& s) { return plan(false, s).has_value() && plan(true, s).has_value(); }
 

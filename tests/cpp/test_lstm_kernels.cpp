@@ -566,6 +566,40 @@ TEST(LstmKernels, PersistentFinishesOnNanInputs) {
 // GEMMs, as the op runs them; the best of 5 runs) over H = 8 .. 985 x B = 1, 4, 32, T = 1000 (issue
 // 12's table). On the device:
 //   hfnn_kernel_tests --gtest_also_run_disabled_tests --gtest_filter='LstmKernels.DISABLED_PersistentTiming*'
+}  // namespace
+
+namespace detail {
+bool persistent_phases(bool backward, const Shape& s, std::vector<long long>* out, int* grid);
+}  // namespace detail
+
+namespace {
+
+// With a build compiled with -DHFNN_LSTM_PHASES (kernels/lstm/lstm_persistent.cu): each phase's
+// cycles a step, block 0, the mean and the max over the blocks.
+void print_phases(const Shape& s, int64_t steps) {
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  for (const bool backward : {false, true}) {
+    std::vector<long long> cycles;
+    int grid = 0;
+    if (!detail::persistent_phases(backward, s, &cycles, &grid) || grid == 0) return;
+    const char* names[2][6] = {{"stage h", "products", "gates", "", "", ""},
+                               {"gates", "publish", "wait", "stage dG", "products", "sums"}};
+    std::printf("[ PHASES   ] %s, %d blocks, us a step (block 0 / mean / max over blocks):", backward ? "bwd" : "fwd",
+                grid);
+    for (int ph = 0; ph < 6 && names[backward][ph][0]; ++ph) {
+      double sum = 0, mx = 0;
+      for (int b = 0; b < grid; ++b) {
+        const double us = static_cast<double>(cycles[static_cast<std::size_t>(b) * 6 + ph]) / clock_khz * 1e3 / steps;
+        sum += us, mx = std::max(mx, us);
+      }
+      std::printf(" %s %.2f/%.2f/%.2f;", names[backward][ph], static_cast<double>(cycles[ph]) / clock_khz * 1e3 / steps,
+                  sum / grid, mx);
+    }
+    std::printf("\n");
+  }
+}
+
 TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
   if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
   const Variant* v = find("persistent");
@@ -599,6 +633,7 @@ TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
         cudaEventElapsedTime(&b, ev[1], ev[2]);
         best_fwd = std::min(best_fwd, f), best_bwd = std::min(best_bwd, b);
       }
+      print_phases(c.shape(), k.T);
       std::printf("[ LSTM     ] persistent %s: fwd %.2f us/step, bwd %.2f us/step, fwd+bwd %.3f ms\n", c.name().c_str(),
                   1e3 * best_fwd / static_cast<double>(k.T), 1e3 * best_bwd / static_cast<double>(k.T),
                   static_cast<double>(best_fwd + best_bwd));
