@@ -29,9 +29,10 @@ where the tuner should keep cuDNN).
 
 The result is a JSON array, one record per config x dtype x pass x candidate: gpu, torch, date,
 config ([input, hidden, batch, steps]), layers, bidirectional, dtype, pass ("fwd"/"bwd"), candidate,
-median_ms, us_per_step, max_rel_error, correct, and winner for "hfnn"; grid records carry
-"grid": true. Without --out it goes to bench/results/lstm-<gpu>.json (lstm_grid-<gpu>.json for
---grid); --json prints it on stdout too.
+median_ms, us_per_step, max_rel_error, correct, and winner for "hfnn"; weights_compacted where torch
+warned during the timing that the LSTM's weights were not one contiguous buffer (cuDNN compacts them
+on every call then); grid records carry "grid": true. Without --out it goes to
+bench/results/lstm-<gpu>.json (lstm_grid-<gpu>.json for --grid); --json prints it on stdout too.
 
 Needs a CUDA GPU (exits 1 with the reason on a machine without one). Without hfnn's LSTM kernels
 in the op library it times cuDNN alone and says so.
@@ -52,6 +53,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,12 +185,20 @@ def bench_point(torch, hfnn, args, config, dtype_name, grid=False):
             torch.autograd.backward(fn(x)[0], dy)
 
         try:
-            f_ms = wall_ms(fwd, args.round_s)
-            t_ms = wall_ms(train, args.round_s)
+            # torch warns (once per process, by default) where an LSTM's weights are not one
+            # contiguous buffer, and cuDNN then compacts them on every call: recorded per candidate,
+            # so a slow baseline says why.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                f_ms = wall_ms(fwd, args.round_s)
+                t_ms = wall_ms(train, args.round_s)
         except Exception as e:  # a candidate that fails is reported, the others still run
             print(f"  {name}: failed: {str(e).splitlines()[0][:200]}", flush=True)
             sync()
             continue
+        compacted = any("contiguous chunk" in str(w.message) for w in caught)
+        if compacted:
+            print(f"  {name}: torch compacted the LSTM's weights on every call (not one contiguous buffer)", flush=True)
         correct = None if errs[name] is None else errs[name] <= tol
         for pass_, ms in (("fwd", f_ms), ("bwd", t_ms - f_ms)):
             rec = dict(meta, **{"pass": pass_}, candidate=name, median_ms=round(ms, 4),
@@ -197,6 +207,8 @@ def bench_point(torch, hfnn, args, config, dtype_name, grid=False):
                 rec["grid"] = True
             if name == "hfnn":
                 rec["winner"] = winner
+            if compacted:
+                rec["weights_compacted"] = True
             records.append(rec)
         flag = "" if correct is not False else f"  WRONG (error {errs[name]:.1e} > {tol:.1e})"
         print(f"{config} {dtype_name:8s} {name + ('=' + winner if name == 'hfnn' else ''):18s} "
