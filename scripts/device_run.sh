@@ -42,6 +42,8 @@
 #   e2e-mha   bench/e2e.py --example transformer: the same on the Transformer example in bf16, one run
 #             per --config in $E2E_MHA_CONFIGS (default "2 1"), each under $E2E_MHA_TIMEOUT s (280)
 #   pytest-lstm  tests/python/test_lstm.py with its GPU tests, verbose, with timings
+#   lstm-phases  the persistent LSTM kernels' time per phase of a step (a test binary built with
+#             scripts/device_wheel.sh --lstm-phases; each shape's line, then its phases)
 #   lstm-steps  bench/lstm_steps.py: the persistent LSTM kernel's us per step (C++ timing test, 2 rounds;
 #             $LSTM_STEPS_VERSION names the build in the records)
 #   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
@@ -66,6 +68,10 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 echo "host: $(nproc) CPUs, load average $(cut -d" " -f1-3 /proc/loadavg)" | tee -a "$OUT/env.txt"
 
 installed_ok() { python3 -c "import hfnn, sys; sys.exit(0 if hfnn.build_info()['cuda_kernels'] else 1)" 2>/dev/null; }
+# scripts/device_wheel.sh gzips the test binaries (the carry's size limit)
+for gz in .devbuild/hfnn_kernel_tests*.gz; do
+  [ -f "$gz" ] && gunzip -kf "$gz" && chmod +x "${gz%.gz}"
+done
 wheel=$(ls .devbuild/hfnn-*.whl 2>/dev/null | head -n 1)
 if [ -n "$wheel" ] && python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" && installed_ok; then
   echo "installed carried wheel $wheel"
@@ -266,6 +272,14 @@ fi
 if want mha; then
   timeout ${MHA_TIMEOUT:-560} python3 bench/mha.py --out "$OUT/mha-$gpu.json" ${MHA_ARGS:-} 2>&1 | tee "$OUT/mha.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want lstm-phases; then
+  if [ -x .devbuild/hfnn_kernel_tests_phases ]; then
+    .devbuild/hfnn_kernel_tests_phases --gtest_also_run_disabled_tests --gtest_filter='LstmKernels.DISABLED_PersistentTiming*' \
+      2>&1 | grep -E "LSTM|PHASES" | tee "$OUT/lstm-phases.log" | tail -40; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    echo "lstm-phases: no .devbuild/hfnn_kernel_tests_phases: build it here with scripts/device_wheel.sh --lstm-phases"; status=1
+  fi
 fi
 if want lstm-steps; then
   python3 bench/lstm_steps.py --tests "$tests_bin" --version "${LSTM_STEPS_VERSION:-this build}" \
