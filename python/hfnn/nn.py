@@ -100,15 +100,18 @@ lstm_fallbacks: "collections.Counter[str]" = collections.Counter()
 # The dtypes hfnn's LSTM kernels compute in (16-bit with float32 accumulation and cell state).
 _LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The built-in choice where no table names a winner: the variants to try in order (the first whose
-# lstm_supports() takes a layer runs it), () for cuDNN. From the first measurements on an H200
-# (bench/README.md, "nn.LSTM kernels, first look"; bench/lstm_layer.py, bench/lstm_floor.py): the
-# persistent kernel beat cuDNN 2.4-3.3x at hidden 985, batch 4 and per step at hidden 512-985,
-# batch 1-4, and lost at batch 32 and more (0.2-0.9x); the step loop beat cuDNN in 16-bit at batch
-# 16-128 (1.1-1.9x) but lost in float32 at hidden 1,024 and more; cuDNN's own persistent kernel is 5-10x
-# faster than both at hidden 128 and less. Everywhere else cuDNN keeps the call until bench/lstm.py
-# --grid measures the crossover; `hfnn tune` measures every key it stores in any case.
+# lstm_supports() takes a layer runs it), () for cuDNN. From the measurements so far (bench/README.md,
+# "nn.LSTM kernels"): the persistent kernel beat cuDNN 2.4-3.3x at hidden 985, batch 4 on an H200,
+# and since its backward stages by cp.async (2026-11-25, H100, bench/lstm.py) 3.1-4.3x there and
+# 1.4-1.6x at hidden 512, batch 32 in float32 and bf16 (ahead of the step loop), while it still
+# loses at hidden 985, batch 32 (its forward alone 34 us a step, cuDNN's 23) and at (1,024, 64)
+# (0.29x before): so it runs where hidden >= 512 and batch <= 4, or batch x hidden <= 16,384 (the
+# product both measured wins share and both losses exceed). The step loop beat cuDNN in 16-bit at batch 16-128 (1.1-1.9x) but
+# lost in float32 at hidden 1,024 and more; cuDNN's own persistent kernel is 5-10x faster than both
+# at hidden 128 and less. Everywhere else cuDNN keeps the call until bench/lstm.py --grid measures
+# the crossover; `hfnn tune` measures every key it stores in any case.
 def _lstm_builtin_order(batch: int, hidden: int, dtype: torch.dtype) -> tuple:
-    if batch <= 4 and hidden >= 512:
+    if hidden >= 512 and (batch <= 4 or batch * hidden <= 16384):
         return ("persistent", "steps")
     if dtype != torch.float32 and batch >= 16 and hidden >= 256:
         return ("steps",)
@@ -319,9 +322,9 @@ class LSTM(nn.LSTM):
     autocast dtype (input, states and weights cast once; outputs in that dtype).
 
     Which variant: under HFNN_DISPATCH_DB the key's tuned winner (torch's module where torch won);
-    otherwise hfnn's built-in choice from the first H200 measurements (_lstm_builtin_order): the
-    persistent kernel at batch <= 4 and hidden >= 512, the step loop in 16-bit at batch >= 16,
-    cuDNN elsewhere (until bench/lstm.py --grid measures the crossover).
+    otherwise hfnn's built-in choice from the measurements so far (_lstm_builtin_order): the
+    persistent kernel at hidden >= 512 where batch <= 4 or batch x hidden <= 16,384, the step loop
+    in 16-bit at batch >= 16, cuDNN elsewhere (until bench/lstm.py --grid measures the crossover).
 
     Anything else runs torch's nn.LSTM.forward, counted with its reason in hfnn.nn.lstm_fallbacks:
     an op library without LSTM kernels, CPU tensors, PackedSequence, proj_size > 0, unbatched input,
