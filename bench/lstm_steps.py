@@ -22,7 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"persistent T(\d+) B(\d+) I(\d+) H(\d+) (\w+)(?: bias)?: fwd ([\d.]+) us/step, bwd ([\d.]+) us/step")
+LINE = re.compile(r"persistent T(\d+) B(\d+) I(\d+) H(\d+) (\w+)(?: bias)?: fwd ([\d.]+) us/step, "
+                  r"bwd ([\d.]+) us/step, fwd\+bwd ([\d.]+) ms")
 
 
 def main():
@@ -33,6 +34,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.rounds < 1:
+        sys.exit(f"bench/lstm_steps.py: --rounds {args.rounds}: give 1 or more")
     if not Path(args.tests).is_file():
         sys.exit(f"bench/lstm_steps.py: --tests {args.tests}: no such file (build it: scripts/device_wheel.sh)")
     runs: dict[tuple, list] = {}
@@ -45,8 +48,8 @@ def main():
         for line in out.stdout.splitlines():
             m = LINE.search(line)
             if m:
-                t, b, i, h, dtype, f, bw = m.groups()
-                runs.setdefault((int(i), int(h), int(b), int(t), dtype), []).append((float(f), float(bw)))
+                t, b, i, h, dtype, f, bw, total = m.groups()
+                runs.setdefault((int(i), int(h), int(b), int(t), dtype), []).append((float(f), float(bw), float(total)))
     if not runs:
         sys.exit("bench/lstm_steps.py: the timing test printed no step times (no GPU?)")
     import torch
@@ -58,9 +61,10 @@ def main():
     for (i, h, b, t, dtype), vals in runs.items():
         f = statistics.median(v[0] for v in vals)
         bw = statistics.median(v[1] for v in vals)
+        total = statistics.median(v[2] for v in vals)  # the test's own, unrounded per step
         records.append(dict(meta, config=[i, h, b, t], layers=1, bidirectional=False, dtype=dtype,
-                            fwd_us_per_step=f, bwd_us_per_step=bw, fwd_bwd_ms=round((f + bw) * t / 1e3, 3)))
-        print(f"{dtype:9s} [{i}, {h}, {b}, {t}]  fwd {f:6.2f}  bwd {bw:6.2f} us/step  fwd+bwd {(f + bw) * t / 1e3:7.3f} ms")
+                            fwd_us_per_step=f, bwd_us_per_step=bw, fwd_bwd_ms=total))
+        print(f"{dtype:9s} [{i}, {h}, {b}, {t}]  fwd {f:6.2f}  bwd {bw:6.2f} us/step  fwd+bwd {total:7.3f} ms")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(records, indent=1) + "\n")

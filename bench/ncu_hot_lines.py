@@ -30,6 +30,8 @@ def main():
     if start is None:
         sys.exit(f"bench/ncu_hot_lines.py: {args.csv}: no source table (export with --page source --csv)")
     rows = list(csv.DictReader(text[start:]))
+    if not rows:
+        sys.exit(f"bench/ncu_hot_lines.py: {args.csv}: the source table has no lines")
     cols = rows[0].keys()
     samples = next((c for c in cols if "Warp Stall Sampling (All" in c), None) or \
         next((c for c in cols if "Sampling" in c), None)
@@ -41,9 +43,9 @@ def main():
     print(f"{len(rows)} SASS lines, {total:.0f} samples ({samples})")
     for r in sorted(rows, key=lambda r: -number(r[samples]))[: args.top]:
         print(f"{100 * number(r[samples]) / total:5.1f}%  {r.get(addr, ''):>8}  {r.get(src, '').strip()[:110]}")
-    reasons = {c: sum(number(r[c]) for r in rows) for c in cols if "stall" in c.lower() and c != samples}
+    reasons = {c: sum(number(r[c]) for r in rows) for c in cols if c.startswith("stall_")}
     if reasons:
-        print("by column:")
+        print("samples by stall reason (\"(Not Issued)\": those where the warp issued nothing):")
         for c, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:20]:
             print(f"  {v:10.0f}  {c}")
 

@@ -19,13 +19,24 @@ for arg in "$@"; do
 done
 rm -rf .devbuild && mkdir -p .devbuild
 python3 -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF -w .devbuild .
-build=$(ls -d build/py3-none-* | head -n 1)
+# The build directory pip just used: the newest one (a stale one of another Python may sit beside it).
+build=$(ls -dt build/py3-none-* 2>/dev/null | head -n 1)
+if [ -z "$build" ] || [ ! -x "$build/hfnn_kernel_tests" ]; then
+  echo "scripts/device_wheel.sh: no test binary under build/py3-none-*: the build made none (GoogleTest missing? run scripts/setup.sh)" >&2
+  exit 1
+fi
 strip -o .devbuild/hfnn_kernel_tests "$build/hfnn_kernel_tests" && gzip -f .devbuild/hfnn_kernel_tests
 if [ "$phases" = 1 ]; then
-  restore() { cmake -DHFNN_LSTM_PHASES=OFF "$build" >/dev/null && cmake --build "$build" --target hfnn_kernel_tests >/dev/null; }
+  log=.devbuild/phases-build.log
+  # CMake and Ninja print compiler errors on stdout: into the log, its tail shown on a failure.
+  quiet() { "$@" >>"$log" 2>&1 || { tail -30 "$log" >&2; return 1; }; }
+  restore() {
+    quiet cmake -DHFNN_LSTM_PHASES=OFF "$build" && quiet cmake --build "$build" --target hfnn_kernel_tests ||
+      echo "scripts/device_wheel.sh: could not set $build back to HFNN_LSTM_PHASES=OFF (see $log)" >&2
+  }
   trap restore EXIT
-  cmake -DHFNN_LSTM_PHASES=ON "$build" >/dev/null
-  cmake --build "$build" --target hfnn_kernel_tests >/dev/null
+  quiet cmake -DHFNN_LSTM_PHASES=ON "$build"
+  quiet cmake --build "$build" --target hfnn_kernel_tests
   strip -o .devbuild/hfnn_kernel_tests_phases "$build/hfnn_kernel_tests" && gzip -f .devbuild/hfnn_kernel_tests_phases
 fi
 echo "built $(ls .devbuild | tr '\n' ' ')against torch $(python3 -c 'import torch; print(torch.__version__)')"

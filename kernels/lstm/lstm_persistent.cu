@@ -87,22 +87,29 @@ constexpr int64_t kStageBytes = 32 * 1024;
 // 8 chunks x 62 = 496 a step in the backward at B = 32, where it took 90 us a step.)
 constexpr int kStageBatch = 16;
 
-// Phase timing, a diagnostic compiled in only with -DHFNN_LSTM_PHASES (never in the product): thread
-// 0 of every block adds the clock64() cycles of each phase of every step, and writes its totals at
-// the end (forward phases: h_{t-1} staged, products, gates; backward: gates, publish, wait for the
-// words, dG_t staged, products, sums). persistent_phases() hands them to the C++ timing test.
-constexpr int kPhases = 6, kPhaseBlocks = 1024;
+// Phase timing, a diagnostic compiled in only with -DHFNN_LSTM_PHASES (the CMake option of that
+// name; never in the product): thread 0 of every block adds the clock64() cycles of each phase of
+// every step, in shared memory (registers in every thread made the forward spill), and writes its
+// totals at the end (forward phases: h_{t-1} staged, products, gates; backward: gates, publish,
+// wait for the words, dG_t staged, products, sums). persistent_phases() hands them to the C++
+// timing test. With several batch chunks a step (bs < B) a chunk's gates (forward) or sums
+// (backward) count in the next chunk's stage. The 56 bytes of static shared memory can refuse a
+// launch whose dynamic shared memory plan() put within them of the device's limit.
 #ifdef HFNN_LSTM_PHASES
+constexpr int kPhases = 6, kPhaseBlocks = 1024;
 __device__ long long phase_cycles[2][kPhaseBlocks][kPhases];
-#define HFNN_PHASE(i)                 \
-  if (threadIdx.x == 0) {             \
-    const long long now_ = clock64(); \
-    phase_acc[i] += now_ - phase_t;   \
-    phase_t = now_;                   \
+#define HFNN_PHASE(i)                   \
+  if (threadIdx.x == 0) {               \
+    const long long now_ = clock64();   \
+    phase_acc[i] += now_ - phase_acc[kPhases]; \
+    phase_acc[kPhases] = now_;          \
   }
-#define HFNN_PHASES_BEGIN            \
-  long long phase_acc[kPhases] = {}; \
-  long long phase_t = clock64();
+#define HFNN_PHASES_BEGIN                                      \
+  __shared__ long long phase_acc[kPhases + 1]; /* + the last mark */ \
+  if (threadIdx.x == 0) {                                      \
+    for (int i_ = 0; i_ < kPhases; ++i_) phase_acc[i_] = 0;    \
+    phase_acc[kPhases] = clock64();                            \
+  }
 #define HFNN_PHASES_END(bwd)                         \
   if (threadIdx.x == 0 && blockIdx.x < kPhaseBlocks) \
     for (int i_ = 0; i_ < kPhases; ++i_) phase_cycles[bwd][blockIdx.x][i_] = phase_acc[i_];

@@ -110,12 +110,15 @@ _LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # lost in float32 at hidden 1,024 and more; cuDNN's own persistent kernel is 5-10x faster than both
 # at hidden 128 and less. Everywhere else cuDNN keeps the call until bench/lstm.py --grid measures
 # the crossover; `hfnn tune` measures every key it stores in any case.
+# Where the persistent kernel does not take a layer (its weights do not fit on chip), the step loop
+# is next only where it was measured to win: 16-bit at batch >= 16, and the first rule's shapes.
 def _lstm_builtin_order(batch: int, hidden: int, dtype: torch.dtype) -> tuple:
-    if hidden >= 512 and (batch <= 4 or batch * hidden <= 16384):
+    steps_wins = dtype != torch.float32 and batch >= 16 and hidden >= 256
+    if hidden >= 512 and batch <= 4:
         return ("persistent", "steps")
-    if dtype != torch.float32 and batch >= 16 and hidden >= 256:
-        return ("steps",)
-    return ()
+    if hidden >= 512 and batch * hidden <= 16384:
+        return ("persistent", "steps") if steps_wins else ("persistent",)
+    return ("steps",) if steps_wins else ()
 
 
 # Tests only (tests/python/test_lstm.py, with stand-in ops): take hfnn's path for CPU tensors too.
