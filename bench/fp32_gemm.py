@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from _bench import write_result
+
 # (name, m, n, k): D[m, n] = A[m, k] B[k, n], the op's six GEMMs per call of two configs
 # (tokens T = B * L, width E): in-projection [T, E] x [E, 3E], out-projection [T, E] x [E, E],
 # their input gradients (k = 3E and E) and weight gradients (k = T).
@@ -192,9 +194,7 @@ def main():
         torch.cuda.empty_cache()
     result = dict(gpu=gpu, torch=torch.__version__, cublas=cublas_note,
                   date=datetime.date.today().isoformat(), records=records)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out, leave_out=("records",))  # the records were printed as they came
 
 
 if __name__ == "__main__":

@@ -106,12 +106,12 @@ _LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 1.4-1.6x at hidden 512, batch 32 in float32 and bf16 (ahead of the step loop), while it still
 # loses at hidden 985, batch 32 (its forward alone 34 us a step, cuDNN's 23) and at (1,024, 64)
 # (0.29x before): so it runs where hidden >= 512 and batch <= 4, or batch x hidden <= 16,384 (the
-# product both measured wins share and both losses exceed). The step loop beat cuDNN in 16-bit at batch 16-128 (1.1-1.9x) but
-# lost in float32 at hidden 1,024 and more; cuDNN's own persistent kernel is 5-10x faster than both
-# at hidden 128 and less. Everywhere else cuDNN keeps the call until bench/lstm.py --grid measures
-# the crossover; `hfnn tune` measures every key it stores in any case.
-# Where the persistent kernel does not take a layer (its weights do not fit on chip), the step loop
-# is next only where it was measured to win: 16-bit at batch >= 16, and the first rule's shapes.
+# product both measured wins share and both losses exceed). The step loop beat cuDNN in 16-bit at
+# batch 16-128 (1.1-1.9x) but lost in float32 at hidden 1,024 and more, so it follows the persistent
+# kernel (for layers too large for it) only there, and at batch <= 4 as before; cuDNN's own
+# persistent kernel is 5-10x faster than both at hidden 128 and less. Everywhere else cuDNN keeps
+# the call until bench/lstm.py --grid measures the crossover; `hfnn tune` measures every key it
+# stores in any case.
 def _lstm_builtin_order(batch: int, hidden: int, dtype: torch.dtype) -> tuple:
     steps_wins = dtype != torch.float32 and batch >= 16 and hidden >= 256
     if hidden >= 512 and batch <= 4:
