@@ -18,12 +18,18 @@
 //                               (kept per column in shared memory, each column owned by one thread;
 //                               in the workspace where shared memory is too small), a second pass
 //                               re-reads them (from L1/L2) to write dx. Same fold.
+//   bwd_block_win               bwd_block for rows aligned to an element only (odd widths), which
+//                               bwd_block reads an element at a time: x, dy and dx through their
+//                               16-byte windows (layer_norm_window.cuh). Faster from about 4K
+//                               columns, slower below (H100, bench/README.md): its own name, so the
+//                               measurements choose.
 //
 // What moved the bf16 backward (H200, [65536, 128], bench/README.md): packs held as 32-bit words
 // instead of 16-bit arrays (the SASS had ~50 byte permutes an iteration; 20.3 -> 17.3 us), and
 // programmatic dependent launch (-> 16.6 us). It stays issue-bound: about 20 instructions an element.
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
+#include "kernels/layer_norm/layer_norm_window.cuh"
 
 namespace hfnn::kernels::layer_norm {
 namespace {
@@ -425,42 +431,155 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParam
     }
 }
 
+// The block variant for rows aligned to an element only (odd widths in 16-bit, in float32 too):
+// x, dy and dx through the row's window (layer_norm_window.cuh) in 16-byte packs, the packs at its
+// ends masked, instead of an element at a time; gamma an element at a time. The window moves with
+// the row's lead, so a column's dgamma/dbeta partial is not always the same thread's: the
+// barriers in block_sum2 order one row's updates before the next row's (the order of the sums is
+// still fixed: rows in the block's order).
+template <typename T, bool kSmemAcc>
+__global__ void __launch_bounds__(kBlockThreads) bwd_block_window_kernel(const BwdParams p, bool dy_vector,
+                                                                         bool dx_vector) {
+  // [2][padded(cols)]: this block's dgamma and dbeta partials (kSmemAcc), column c at padded(c) =
+  // c + c / 8: a warp's threads update columns 8 apart, which would share 4 banks unpadded.
+  extern __shared__ float acc[];
+  __shared__ float2 scratch[32];
+  constexpr int kV = kVec<T, 16>;
+  const int64_t cols = p.cols;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  float* partials = static_cast<float*>(p.workspace);
+  auto at = [](int64_t c) { return kSmemAcc ? c + (c >> 3) : c; };
+  float* acc_dg = acc;
+  float* acc_db = acc + at(cols);
+  if constexpr (!kSmemAcc) {
+    acc_dg = partials ? partials + static_cast<int64_t>(blockIdx.x) * cols : nullptr;
+    acc_db = partials ? partials + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols : nullptr;
+  }
+  if (acc_dg)
+    for (int64_t c = threadIdx.x; c < cols; c += kBlockThreads) acc_dg[at(c)] = acc_db[at(c)] = 0.f;
+  __syncthreads();
+
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int lead = row_lead<T>(p.x, row * cols);
+    const int end = lead + static_cast<int>(cols);
+    const int positions = (end + kV - 1) / kV * kV;
+    const T* __restrict__ xw = static_cast<const T*>(p.x) + row * cols - lead;
+    const T* __restrict__ dyw = static_cast<const T*>(p.dy) + row * cols - lead;
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    // gamma at window position pos + k (1 without gamma, 0 outside the row)
+    auto gamma_at = [&](int pos, float (&g)[kV]) {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const int c = pos + k - lead;
+        g[k] = (c >= 0 && c < cols) ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f;
+      }
+    };
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int pos = threadIdx.x * kV; pos < positions; pos += kBlockThreads * kV) {
+      float xv[kV], dv[kV], gv[kV];
+      unpack(load_window<T>(xw, pos, lead, end, true), xv);
+      unpack(load_window<T>(dyw, pos, lead, end, dy_vector), dv);  // 0 outside the row
+      gamma_at(pos, gv);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = dv[k] * gv[k];
+        sum_g += g;
+        sum_gx += g * xhat;
+        const int c = pos + k - lead;
+        if (acc_dg && c >= 0 && c < cols) {
+          acc_dg[at(c)] += dv[k] * xhat;
+          acc_db[at(c)] += dv[k];
+        }
+      }
+    }
+    const float2 sums = block_sum2(sum_g, sum_gx, scratch);  // also orders this row's partials before the next's
+    if (!p.dx) continue;
+    const float mean_g = sums.x * inv_cols, mean_gx = sums.y * inv_cols;
+    T* __restrict__ dxw = static_cast<T*>(p.dx) + row * cols - lead;
+    for (int pos = threadIdx.x * kV; pos < positions; pos += kBlockThreads * kV) {
+      float xv[kV], dv[kV], gv[kV], out[kV];
+      unpack(load_window<T>(xw, pos, lead, end, true), xv);
+      unpack(load_window<T>(dyw, pos, lead, end, dy_vector), dv);
+      gamma_at(pos, gv);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float xhat = (xv[k] - mean) * rstd;
+        out[k] = rstd * (dv[k] * gv[k] - mean_g - xhat * mean_gx);
+      }
+      store_window<T>(dxw, pos, lead, end, dx_vector, out);
+    }
+  }
+  if (!kSmemAcc || partials == nullptr) return;
+  __syncthreads();  // every thread's last updates before any thread copies them out
+  float* dst_dg = partials + static_cast<int64_t>(blockIdx.x) * cols;
+  float* dst_db = partials + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kBlockThreads) {
+    dst_dg[c] = acc_dg[at(c)];
+    dst_db[c] = acc_db[at(c)];
+  }
+}
+
 std::size_t block_smem(int64_t cols) { return 2 * static_cast<std::size_t>(cols) * sizeof(float); }
+// The window kernel's partials, padded (bwd_block_window_kernel).
+std::size_t block_window_smem(int64_t cols) { return 2 * static_cast<std::size_t>(cols + (cols >> 3)) * sizeof(float); }
 
 // The block variant's launch: partials in shared memory where they fit, else in the workspace.
 constexpr std::size_t kMaxGlobalPartials = std::size_t{256} << 20;
 
 struct BlockLaunch {
   void (*kernel)(const BwdParams) = nullptr;
+  void (*window)(const BwdParams, bool, bool) = nullptr;  // rows aligned to an element only
   std::size_t smem = 0;
   int grid = 0;
 };
 
+// Partials in shared memory where they fit (a grid of the blocks resident at once), else in the
+// workspace (one block per SM at most: each block's partial rows, 2 x cols floats, are its own
+// memory, and together no more than kMaxGlobalPartials; fewer blocks than 132 only past 254K
+// columns).
+template <typename K>
+bool block_shape(K in_smem, K in_global, const BwdParams& p, K& kernel, BlockLaunch& l, std::size_t smem) {
+  if (fits(in_smem, kBlockThreads, smem, p.device)) {
+    kernel = in_smem;
+    l.smem = smem;
+    l.grid = static_cast<int>(
+        resident_clusters(reinterpret_cast<const void*>(in_smem), kBlockThreads, 1, l.smem, 1, p.device));
+  } else if (fits(in_global, kBlockThreads, 0, p.device)) {
+    const int64_t by_memory = static_cast<int64_t>(kMaxGlobalPartials / (2 * sizeof(float))) / p.cols;
+    const int64_t grid = by_memory < p.device.sm_count ? by_memory : p.device.sm_count;
+    kernel = in_global;
+    l.grid = static_cast<int>(grid > 1 ? grid : 1);
+  } else {
+    return false;
+  }
+  l.grid = static_cast<int>(p.rows < l.grid ? p.rows : l.grid);
+  return true;
+}
+
+// kWindow: bwd_block_win, which takes only rows aligned to an element (the window kernel);
+// otherwise bwd_block, every row with the widest access it allows.
+template <bool kWindow>
 BlockLaunch block_launch(const BwdParams& p) {
   const int bytes = bwd_access_bytes(p);
   if (bytes == 0) return BlockLaunch{};
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    return with_access_bytes<T>(bytes, [&]<int kBytes>() {
-      BlockLaunch l;
-      auto in_smem = bwd_block_kernel<T, kBytes, true>;
-      auto in_global = bwd_block_kernel<T, kBytes, false>;
-      if (fits(in_smem, kBlockThreads, block_smem(p.cols), p.device)) {
-        l = {in_smem, block_smem(p.cols), 0};
-        // Resident blocks depend on the row's shared memory (a cached query).
-        l.grid = static_cast<int>(
-            resident_clusters(reinterpret_cast<const void*>(l.kernel), kBlockThreads, 1, l.smem, 1, p.device));
-      } else if (fits(in_global, kBlockThreads, 0, p.device)) {
-        // One block per SM at most: each block's partial rows (2 x cols floats) are its own memory,
-        // and together no more than kMaxGlobalPartials (fewer blocks than 132 only past 254K columns).
-        const int64_t by_memory = static_cast<int64_t>(kMaxGlobalPartials / (2 * sizeof(float))) / p.cols;
-        const int64_t grid = by_memory < p.device.sm_count ? by_memory : p.device.sm_count;
-        l = {in_global, 0, static_cast<int>(grid > 1 ? grid : 1)};
-      } else {
+    BlockLaunch l;
+    if constexpr (kWindow) {
+      if (bytes != static_cast<int>(sizeof(T))) return BlockLaunch{};
+      if (!block_shape(bwd_block_window_kernel<T, true>, bwd_block_window_kernel<T, false>, p, l.window, l,
+                       block_window_smem(p.cols)))
         return BlockLaunch{};
-      }
-      l.grid = static_cast<int>(p.rows < l.grid ? p.rows : l.grid);
       return l;
-    });
+    } else {
+      return with_access_bytes<T>(bytes, [&]<int kBytes>() {
+        if (!block_shape(bwd_block_kernel<T, kBytes, true>, bwd_block_kernel<T, kBytes, false>, p, l.kernel, l,
+                         block_smem(p.cols)))
+          return BlockLaunch{};
+        return l;
+      });
+    }
   });
 }
 
@@ -505,26 +624,46 @@ HFNN_BWD_REGS(16, 2)
 HFNN_BWD_REGS(32, 2)
 #undef HFNN_BWD_REGS
 
+template <bool kWindow>
 bool bwd_block_supports(const BwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && block_launch(p).kernel != nullptr;
+  if (!(p.rows > 0 && p.cols > 0)) return false;
+  const BlockLaunch l = block_launch<kWindow>(p);
+  return l.kernel != nullptr || l.window != nullptr;
 }
 
+template <bool kWindow>
 std::size_t bwd_block_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
-  return partials_bytes(block_launch(p).grid, p.cols);
+  return partials_bytes(block_launch<kWindow>(p).grid, p.cols);
 }
 
+template <bool kWindow>
 cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream) {
-  const BlockLaunch l = block_launch(p);
-  if (!l.kernel) return cudaErrorInvalidConfiguration;
+  const BlockLaunch l = block_launch<kWindow>(p);
+  if (!l.kernel && !l.window) return cudaErrorInvalidConfiguration;
   const int grid = static_cast<int>(grid_within_workspace(l.grid, p));
   if (grid < 1) return cudaErrorInvalidValue;
-  if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
   BwdParams q = p;
   if (!p.dgamma && !p.dbeta) q.workspace = nullptr;
-  if (const cudaError_t err = launch_plain(l.kernel, grid, kBlockThreads, l.smem, stream, q); err != cudaSuccess)
-    return err;
+  if (l.window) {
+    if (const cudaError_t err = allow_smem(l.window, l.smem); err != cudaSuccess) return err;
+    if (const cudaError_t err = launch_plain(l.window, grid, kBlockThreads, l.smem, stream, q, same_lead(p.x, {p.dy}),
+                                             same_lead(p.x, {p.dx}));
+        err != cudaSuccess)
+      return err;
+  } else {
+    if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
+    if (const cudaError_t err = launch_plain(l.kernel, grid, kBlockThreads, l.smem, stream, q); err != cudaSuccess)
+      return err;
+  }
   return reduce_partials(p, static_cast<const float*>(p.workspace), grid, stream);
 }
+
+template bool bwd_block_supports<false>(const BwdParams&);
+template std::size_t bwd_block_workspace<false>(const BwdParams&);
+template cudaError_t bwd_block_run<false>(const BwdParams&, cudaStream_t);
+template bool bwd_block_supports<true>(const BwdParams&);
+template std::size_t bwd_block_workspace<true>(const BwdParams&);
+template cudaError_t bwd_block_run<true>(const BwdParams&, cudaStream_t);
 
 }  // namespace hfnn::kernels::layer_norm

@@ -11,13 +11,16 @@
 //                               first (rows of 1 or 2 accesses per thread only).
 //   fwd_block                   One block per row, the row staged in shared memory as float (or,
 //                               where it does not fit, read from global memory on each pass);
-//                               scalar accesses when the row is not 16-byte aligned, so it takes
-//                               every cols (odd sizes, D = 1, rows of any width).
+//                               accesses as wide as the rows allow, and rows aligned to an element
+//                               only (odd widths) through their 16-byte windows
+//                               (layer_norm_window.cuh), so it takes every cols (odd sizes, D = 1,
+//                               rows of any width) with wide accesses.
 //
 // The register variants launch with programmatic dependent launch (device.cuh): on Hopper that hid
 // the launch gap and moved the forward from 82% to 85-88% of the copy rate at 8-67 MB (H200).
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
+#include "kernels/layer_norm/layer_norm_window.cuh"
 
 namespace hfnn::kernels::layer_norm {
 namespace {
@@ -232,6 +235,77 @@ __global__ void __launch_bounds__(1024) fwd_block_kernel(const FwdParams p) {
   }
 }
 
+// The block variant for rows aligned to an element only (odd widths in 16-bit, in float32 too):
+// each row read through its window (layer_norm_window.cuh) in 16-byte packs, the packs at its ends
+// masked, instead of an element at a time; kStaged as above, the row staged by window position.
+// gamma and beta are read an element at a time (their columns sit at the row's lead in the pack).
+template <typename T, bool kStaged>
+__global__ void __launch_bounds__(1024) fwd_block_window_kernel(const FwdParams p, bool y_vector) {
+  extern __shared__ float row_buf[];  // [packs x V] window positions (kStaged)
+  __shared__ float2 scratch[32];
+  constexpr int kV = kVec<T, 16>;
+  const int64_t cols = p.cols;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(p.beta);
+
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int lead = row_lead<T>(p.x, row * cols);
+    const int end = lead + static_cast<int>(cols);
+    const int positions = (end + kV - 1) / kV * kV;
+    const T* __restrict__ xw = static_cast<const T*>(p.x) + row * cols - lead;
+    T* __restrict__ yw = static_cast<T*>(p.y) + row * cols - lead;
+    // The V values at window position pos, zeros outside the row.
+    auto values = [&](int pos, float (&v)[kV]) {
+      if constexpr (kStaged) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) v[k] = row_buf[pos + k];
+      } else {
+        unpack(load_window<T>(xw, pos, lead, end, true), v);
+      }
+    };
+    float sum = 0.f;
+    for (int pos = threadIdx.x * kV; pos < positions; pos += blockDim.x * kV) {
+      float v[kV];
+      unpack(load_window<T>(xw, pos, lead, end, true), v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        if constexpr (kStaged) row_buf[pos + k] = v[k];
+        sum += v[k];
+      }
+    }
+    const float mean = block_sum2(sum, 0.f, scratch).x * inv_cols;
+    float sq = 0.f;
+    for (int pos = threadIdx.x * kV; pos < positions; pos += blockDim.x * kV) {
+      float v[kV];
+      values(pos, v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float d = (pos + k >= lead && pos + k < end) ? v[k] - mean : 0.f;
+        sq += d * d;
+      }
+    }
+    const float rstd = rsqrtf(block_sum2(sq, 0.f, scratch).x * inv_cols + p.eps);
+    for (int pos = threadIdx.x * kV; pos < positions; pos += blockDim.x * kV) {
+      float v[kV], out[kV];
+      values(pos, v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const int c = pos + k - lead;
+        const bool in = c >= 0 && c < cols;
+        out[k] = (v[k] - mean) * rstd;
+        if (gamma) out[k] *= in ? to_float(gamma[c]) : 0.f;
+        if (beta) out[k] += in ? to_float(beta[c]) : 0.f;
+      }
+      store_window<T>(yw, pos, lead, end, y_vector, out);
+    }
+    if (threadIdx.x == 0 && p.mean) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
 int fwd_block_access_bytes(const FwdParams& p) {
   return access_bytes(p.cols, static_cast<int>(dtype_size(p.dtype)), {p.x, p.y, p.gamma, p.beta});
 }
@@ -269,9 +343,11 @@ HFNN_FWD_REGS(32, 2)
 namespace {
 
 // The block variant's launch: about four accesses per thread, 128 to 1024 threads; the row staged
-// in shared memory where it fits, else streamed.
+// in shared memory where it fits, else streamed. Rows aligned to an element only (accesses of one
+// element) go through their windows: 16-byte accesses, the row's ends masked.
 struct BlockLaunch {
   void (*kernel)(const FwdParams) = nullptr;
+  void (*window)(const FwdParams, bool) = nullptr;
   unsigned threads = 0;
   std::size_t smem = 0;
 };
@@ -279,17 +355,28 @@ struct BlockLaunch {
 BlockLaunch fwd_block_launch(const FwdParams& p) {
   const int bytes = fwd_block_access_bytes(p);
   if (bytes == 0) return BlockLaunch{};
-  const int vec = bytes / static_cast<int>(dtype_size(p.dtype));
-  int64_t threads = ((p.cols / vec + 3) / 4 + 31) / 32 * 32;
+  const int esize = static_cast<int>(dtype_size(p.dtype));
+  const bool window = bytes == esize;
+  const int vec = (window ? 16 : bytes) / esize;
+  const int64_t accesses = window ? (p.cols + 2 * vec - 2) / vec : p.cols / vec;  // window: at most
+  int64_t threads = ((accesses + 3) / 4 + 31) / 32 * 32;
   threads = threads < 128 ? 128 : (threads > 1024 ? 1024 : threads);
-  const std::size_t staged_smem = static_cast<std::size_t>(p.cols) * sizeof(float);
+  const std::size_t staged_smem = static_cast<std::size_t>(window ? accesses * vec : p.cols) * sizeof(float);
   return dispatch_dtype(p.dtype, [&]<typename T>() {
+    if (window) {
+      auto staged = fwd_block_window_kernel<T, true>;
+      if (fits(staged, threads, staged_smem, p.device))
+        return BlockLaunch{nullptr, staged, static_cast<unsigned>(threads), staged_smem};
+      auto streamed = fwd_block_window_kernel<T, false>;
+      if (fits(streamed, threads, 0, p.device)) return BlockLaunch{nullptr, streamed, static_cast<unsigned>(threads), 0};
+      return BlockLaunch{};
+    }
     return with_access_bytes<T>(bytes, [&]<int kBytes>() {
       auto staged = fwd_block_kernel<T, kBytes, true>;
       if (fits(staged, threads, staged_smem, p.device))
-        return BlockLaunch{staged, static_cast<unsigned>(threads), staged_smem};
+        return BlockLaunch{staged, nullptr, static_cast<unsigned>(threads), staged_smem};
       auto streamed = fwd_block_kernel<T, kBytes, false>;
-      if (fits(streamed, threads, 0, p.device)) return BlockLaunch{streamed, static_cast<unsigned>(threads), 0};
+      if (fits(streamed, threads, 0, p.device)) return BlockLaunch{streamed, nullptr, static_cast<unsigned>(threads), 0};
       return BlockLaunch{};
     });
   });
@@ -298,14 +385,20 @@ BlockLaunch fwd_block_launch(const FwdParams& p) {
 }  // namespace
 
 bool fwd_block_supports(const FwdParams& p) {
-  return p.rows > 0 && p.cols > 0 && fwd_block_launch(p).kernel != nullptr;
+  if (!(p.rows > 0 && p.cols > 0)) return false;
+  const BlockLaunch l = fwd_block_launch(p);
+  return l.kernel != nullptr || l.window != nullptr;
 }
 
 cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream) {
   const BlockLaunch l = fwd_block_launch(p);
+  const unsigned grid = static_cast<unsigned>(p.rows < (1 << 30) ? p.rows : (1 << 30));
+  if (l.window) {
+    if (const cudaError_t err = allow_smem(l.window, l.smem); err != cudaSuccess) return err;
+    return launch_plain(l.window, grid, l.threads, l.smem, stream, p, same_lead(p.x, {p.y}));
+  }
   if (!l.kernel) return cudaErrorInvalidConfiguration;
   if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
-  const unsigned grid = static_cast<unsigned>(p.rows < (1 << 30) ? p.rows : (1 << 30));
   return launch_plain(l.kernel, grid, l.threads, l.smem, stream, p);
 }
 

@@ -67,7 +67,9 @@ constexpr std::array kFwd = {
     fwd_regs<8, 2>("fwd_regs_tpr8_r2"),
     fwd_regs<16, 2>("fwd_regs_tpr16_r2"),
     fwd_regs<32, 2>("fwd_regs_tpr32_r2"),
-    FwdVariant{"fwd_block", "block per row, row staged in shared memory (or re-read), any cols and alignment",
+    FwdVariant{"fwd_block",
+               "block per row, row staged in shared memory (or re-read), any cols and alignment (odd widths "
+               "through 16-byte windows)",
                &fwd_block_supports, &fwd_block_run},
     fwd_wide<1>("fwd_wide_c1"),
     fwd_wide<2>("fwd_wide_c2"),
@@ -90,7 +92,7 @@ constexpr std::array kBwd = {
     bwd_regs<16, 2>("bwd_regs_tpr16_r2"),
     bwd_regs<32, 2>("bwd_regs_tpr32_r2"),
     BwdVariant{"bwd_block", "block per row, persistent grid, dgamma/dbeta partials in shared memory, any cols",
-               &bwd_block_supports, &bwd_block_workspace, &bwd_block_run},
+               &bwd_block_supports<false>, &bwd_block_workspace<false>, &bwd_block_run<false>},
     bwd_wide<1>("bwd_wide_c1"),
     bwd_wide<2>("bwd_wide_c2"),
     bwd_wide<4>("bwd_wide_c4"),
@@ -105,6 +107,9 @@ constexpr std::array kBwd = {
     bwd_window<8>("bwd_win_tpr8"),
     bwd_window<16>("bwd_win_tpr16"),
     bwd_window<32>("bwd_win_tpr32"),
+    BwdVariant{"bwd_block_win",
+               "bwd_block for rows aligned to an element only, read and written through 16-byte windows",
+               &bwd_block_supports<true>, &bwd_block_workspace<true>, &bwd_block_run<true>},
 };
 
 }  // namespace

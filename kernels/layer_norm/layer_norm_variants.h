@@ -16,9 +16,10 @@ cudaError_t fwd_block_run(const FwdParams& p, cudaStream_t stream);
 template <int kTpr, int kRows> bool bwd_regs_supports(const BwdParams& p);
 template <int kTpr, int kRows> std::size_t bwd_regs_workspace(const BwdParams& p);
 template <int kTpr, int kRows> cudaError_t bwd_regs_run(const BwdParams& p, cudaStream_t stream);
-bool bwd_block_supports(const BwdParams& p);
-std::size_t bwd_block_workspace(const BwdParams& p);
-cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream);
+// kWindow: only rows aligned to an element, read through their 16-byte windows (bwd_block_win).
+template <bool kWindow> bool bwd_block_supports(const BwdParams& p);
+template <bool kWindow> std::size_t bwd_block_workspace(const BwdParams& p);
+template <bool kWindow> cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream);
 
 // Wide rows: a row held in registers across a whole block (kCluster 1), or split over the blocks
 // of a thread-block cluster (2 to 16, Hopper), the partial sums exchanged through distributed

@@ -33,6 +33,7 @@
 
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
+#include "kernels/layer_norm/layer_norm_window.cuh"
 
 namespace hfnn::kernels::layer_norm {
 namespace {
@@ -51,75 +52,12 @@ int window_period(int64_t cols, int vec) {
 // its window: the smallest of 1, 2, 4, 8 packs a thread; 0 where 8 are not enough.
 int window_accesses(int64_t cols, int vec, int tpr) { return regs_accesses(cols + vec - 1, vec, tpr); }
 
-bool elem_aligned(std::initializer_list<const void*> pointers, int elem) {
-  for (const void* p : pointers)
-    if (p && reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(elem) != 0) return false;
-  return true;
-}
-
-// Whether every pointer starts at the same offset in its 16 bytes as `x`.
-bool same_lead(const void* x, std::initializer_list<const void*> others) {
-  for (const void* p : others)
-    if (p && (reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(x)) % 16 != 0) return false;
-  return true;
-}
-
 // The lead of the rows of residue class `cls` (header comment).
 template <typename T>
 __device__ __forceinline__ int window_lead(const void* x, int64_t cols, int cls) {
   constexpr int kV = kVec<T, 16>;
   const int first = static_cast<int>((reinterpret_cast<std::uintptr_t>(x) % 16) / sizeof(T));
   return static_cast<int>((first + static_cast<int64_t>(cls) * (cols % kV)) % kV);
-}
-
-// Zeroes the elements of a pack at window positions [pos, pos + V) that are outside [lead, end).
-template <typename T>
-__device__ __forceinline__ void mask_outside(Pack<T, 16>& pk, int pos, int lead, int end) {
-  uint32_t w[4];
-  pack_words<16>(pk.raw, w);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (sizeof(T) == 4) {
-      if (pos + j < lead || pos + j >= end) w[j] = 0;
-    } else {
-      const int e = pos + 2 * j;
-      const uint32_t lo = (e >= lead && e < end) ? 0x0000ffffu : 0u;
-      const uint32_t hi = (e + 1 >= lead && e + 1 < end) ? 0xffff0000u : 0u;
-      w[j] &= lo | hi;
-    }
-  }
-  pk.raw = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// The pack at window position pos of the window starting at w: one 16-byte load where w is
-// 16-byte aligned (`vector`), else the row's elements one at a time; outside [lead, end) zeros.
-template <typename T>
-__device__ __forceinline__ Pack<T, 16> load_window(const T* w, int pos, int lead, int end, bool vector) {
-  constexpr int kV = kVec<T, 16>;
-  if (vector) {
-    Pack<T, 16> pk = load_pack<T, 16>(w + pos);
-    if (pos < lead || pos + kV > end) mask_outside(pk, pos, lead, end);
-    return pk;
-  }
-  float v[kV];
-#pragma unroll
-  for (int k = 0; k < kV; ++k) v[k] = (pos + k >= lead && pos + k < end) ? to_float(w[pos + k]) : 0.f;
-  return pack<T, 16>(v);  // exact: each value came from a T
-}
-
-// Stores the row's elements of `out` (window positions [pos, pos + V)): one 16-byte store where the
-// pack is all the row's and w is aligned, else an element at a time.
-template <typename T>
-__device__ __forceinline__ void store_window(T* w, int pos, int lead, int end, bool vector,
-                                             const float (&out)[kVec<T, 16>]) {
-  constexpr int kV = kVec<T, 16>;
-  if (vector && pos >= lead && pos + kV <= end) {
-    store_pack(w + pos, pack<T, 16>(out));
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < kV; ++k)
-    if (pos + k >= lead && pos + k < end) w[pos + k] = from_float<T>(out[k]);
 }
 
 // gamma (or 1) and beta (or 0) by window position into shared memory, 0 outside the row.

@@ -1,0 +1,85 @@
+// Reading and writing a row through its WINDOW, the 16-byte-aligned span that covers it
+// (layer_norm_window.cu's header comment): window position q is column q - lead, lead the row's
+// first element's offset in its 16 bytes. Shared by the window variants and the block variants'
+// path for rows aligned to an element only (layer_norm_fwd.cu, layer_norm_bwd.cu).
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/common/device.cuh"
+
+namespace hfnn::kernels::layer_norm {
+
+// Host: whether every pointer is aligned to its element.
+inline bool elem_aligned(std::initializer_list<const void*> pointers, int elem) {
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(elem) != 0) return false;
+  return true;
+}
+
+// Host: whether every pointer starts at the same offset in its 16 bytes as `x`.
+inline bool same_lead(const void* x, std::initializer_list<const void*> others) {
+  for (const void* p : others)
+    if (p && (reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(x)) % 16 != 0) return false;
+  return true;
+}
+
+// Zeroes the elements of a pack at window positions [pos, pos + V) that are outside [lead, end).
+template <typename T>
+__device__ __forceinline__ void mask_outside(Pack<T, 16>& pk, int pos, int lead, int end) {
+  uint32_t w[4];
+  pack_words<16>(pk.raw, w);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (sizeof(T) == 4) {
+      if (pos + j < lead || pos + j >= end) w[j] = 0;
+    } else {
+      const int e = pos + 2 * j;
+      const uint32_t lo = (e >= lead && e < end) ? 0x0000ffffu : 0u;
+      const uint32_t hi = (e + 1 >= lead && e + 1 < end) ? 0xffff0000u : 0u;
+      w[j] &= lo | hi;
+    }
+  }
+  pk.raw = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The pack at window position pos of the window starting at w: one 16-byte load where w is
+// 16-byte aligned (`vector`), else the row's elements one at a time; outside [lead, end) zeros.
+template <typename T>
+__device__ __forceinline__ Pack<T, 16> load_window(const T* w, int pos, int lead, int end, bool vector) {
+  constexpr int kV = kVec<T, 16>;
+  if (vector) {
+    Pack<T, 16> pk = load_pack<T, 16>(w + pos);
+    if (pos < lead || pos + kV > end) mask_outside(pk, pos, lead, end);
+    return pk;
+  }
+  float v[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k) v[k] = (pos + k >= lead && pos + k < end) ? to_float(w[pos + k]) : 0.f;
+  return pack<T, 16>(v);  // exact: each value came from a T
+}
+
+// Stores the row's elements of `out` (window positions [pos, pos + V)): one 16-byte store where the
+// pack is all the row's and w is aligned, else an element at a time.
+template <typename T>
+__device__ __forceinline__ void store_window(T* w, int pos, int lead, int end, bool vector,
+                                             const float (&out)[kVec<T, 16>]) {
+  constexpr int kV = kVec<T, 16>;
+  if (vector && pos >= lead && pos + kV <= end) {
+    store_pack(w + pos, pack<T, 16>(out));
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kV; ++k)
+    if (pos + k >= lead && pos + k < end) w[pos + k] = from_float<T>(out[k]);
+}
+
+// The lead of the row starting at element `offset` of a tensor whose first element is at x.
+template <typename T>
+__device__ __forceinline__ int row_lead(const void* x, int64_t offset) {
+  constexpr int kV = kVec<T, 16>;
+  const int first = static_cast<int>((reinterpret_cast<std::uintptr_t>(x) % 16) / sizeof(T));
+  return static_cast<int>((first + offset % kV) % kV);
+}
+
+}  // namespace hfnn::kernels::layer_norm
