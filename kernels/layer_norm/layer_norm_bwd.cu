@@ -567,7 +567,7 @@ BlockLaunch block_launch(const BwdParams& p) {
   return dispatch_dtype(p.dtype, [&]<typename T>() {
     BlockLaunch l;
     if constexpr (kWindow) {
-      if (bytes != static_cast<int>(sizeof(T))) return BlockLaunch{};
+      if (bytes != static_cast<int>(sizeof(T)) || p.cols > kMaxWindowCols) return BlockLaunch{};
       if (!block_shape(bwd_block_window_kernel<T, true>, bwd_block_window_kernel<T, false>, p, l.window, l,
                        block_window_smem(p.cols)))
         return BlockLaunch{};

@@ -356,7 +356,7 @@ BlockLaunch fwd_block_launch(const FwdParams& p) {
   const int bytes = fwd_block_access_bytes(p);
   if (bytes == 0) return BlockLaunch{};
   const int esize = static_cast<int>(dtype_size(p.dtype));
-  const bool window = bytes == esize;
+  const bool window = bytes == esize && p.cols <= kMaxWindowCols;
   const int vec = (window ? 16 : bytes) / esize;
   const int64_t accesses = window ? (p.cols + 2 * vec - 2) / vec : p.cols / vec;  // window: at most
   int64_t threads = ((accesses + 3) / 4 + 31) / 32 * 32;

@@ -10,6 +10,10 @@
 
 namespace hfnn::kernels::layer_norm {
 
+// Window positions are int: the widest row read through a window (past it, positions and the
+// loop's next position would overflow; the block variants take such rows an element at a time).
+inline constexpr int64_t kMaxWindowCols = 2147483647 - 16 * 1024;
+
 // Host: whether every pointer is aligned to its element.
 inline bool elem_aligned(std::initializer_list<const void*> pointers, int elem) {
   for (const void* p : pointers)
