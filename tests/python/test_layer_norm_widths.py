@@ -209,6 +209,48 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gpu_backward_at_another_lead_and_every_output_mask(dtype):
+    """The backward's paths the other tests leave out: dy at another offset in its 16 bytes than x
+    (the window kernels read it an element at a time), and output masks without dx or without
+    dgamma/dbeta. Every backward variant that takes the row, odd and even widths, one past the
+    width where bwd_block's partials leave shared memory (about 25.8K columns), rows 1, 3 and 257."""
+    variants = hfnn.layer_norm_variants()["bwd"]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} leads".encode()))
+    failures = []
+    for cols in [1, 3, 33, 255, 1000, 1023, 2049, 4097, 12289, 30001]:
+        for rows in [1, 3, 257]:
+            ns = [cols]
+            x = at_offset((torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype), 1)
+            dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)  # aligned: x's lead is not
+            w = at_offset((1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), 1)
+            b = at_offset((0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), 1)
+            w64, b64 = w.double(), b.double()
+            _, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
+            dx_scale = (r_ref * dy.double() * w64).norm().item()
+            for mask in ([True, True, True], [True, False, False], [False, True, True]):
+                ref = torch.ops.aten.native_layer_norm_backward(dy.double(), x.double(), ns, m_ref, r_ref, w64, b64, mask)
+                for v in variants:
+                    if not torch.ops.hfnn.layer_norm_supports(x, ns, w, b, v):
+                        continue
+                    where = f"D={cols} rows={rows} {str(dtype)[6:]} mask {mask} {v}"
+                    try:
+                        got = torch.ops.hfnn.layer_norm_bwd(dy, x, ns, mean, rstd, w, b, mask, v)
+                    except RuntimeError as e:
+                        failures.append(f"{where}: {str(e).splitlines()[0]}")
+                        continue
+                    for i, (g, r) in enumerate(zip(got, ref)):
+                        if not mask[i]:
+                            continue
+                        e = rel_err(g, r, dx_scale if i == 0 else 0.0)
+                        if e > TOL[dtype] + (1e-5 if i else 0.0):
+                            failures.append(f"{where}: output {i} error {e:.2e}")
+    torch.cuda.synchronize()
+    assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
+
+
 def test_wide_widths_cover_what_the_issue_asks():
     ws = set(WIDE)
     assert all(2 ** e in ws and 2 ** e - 1 in ws and 2 ** e + 1 in ws for e in range(11, 18))
