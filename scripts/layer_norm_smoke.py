@@ -30,7 +30,9 @@ def rel(got, want):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="+", required=True, help="fwd_* and bwd_* variant names")
-    ap.add_argument("--widths", nargs="+", type=int, default=[8, 64, 200, 256, 1000, 1024, 1536, 4096, 8192, 16384])
+    # odd widths too: rows aligned to one element, which only some variants take (the window paths)
+    ap.add_argument("--widths", nargs="+", type=int,
+                    default=[8, 33, 64, 200, 256, 1000, 1023, 1024, 1536, 4096, 4097, 8192, 12289, 16384])
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 3, 257, 4099])
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--timeout", type=float, default=120)
