@@ -528,9 +528,13 @@ std::size_t block_window_smem(int64_t cols) { return 2 * static_cast<std::size_t
 // The block variant's launch: partials in shared memory where they fit, else in the workspace.
 constexpr std::size_t kMaxGlobalPartials = std::size_t{256} << 20;
 
+// kWindow: bwd_block_win's kernel, which also takes whether dy and dx share x's lead.
+template <bool kWindow>
+using BlockKernel = std::conditional_t<kWindow, void (*)(const BwdParams, bool, bool), void (*)(const BwdParams)>;
+
+template <bool kWindow>
 struct BlockLaunch {
-  void (*kernel)(const BwdParams) = nullptr;
-  void (*window)(const BwdParams, bool, bool) = nullptr;  // rows aligned to an element only
+  BlockKernel<kWindow> kernel = nullptr;
   std::size_t smem = 0;
   int grid = 0;
 };
@@ -539,45 +543,42 @@ struct BlockLaunch {
 // workspace (one block per SM at most: each block's partial rows, 2 x cols floats, are its own
 // memory, and together no more than kMaxGlobalPartials; fewer blocks than 132 only past 254K
 // columns).
-template <typename K>
-bool block_shape(K in_smem, K in_global, const BwdParams& p, K& kernel, BlockLaunch& l, std::size_t smem) {
+template <bool kWindow>
+BlockLaunch<kWindow> block_shape(BlockKernel<kWindow> in_smem, BlockKernel<kWindow> in_global, const BwdParams& p,
+                                 std::size_t smem) {
+  BlockLaunch<kWindow> l;
   if (fits(in_smem, kBlockThreads, smem, p.device)) {
-    kernel = in_smem;
+    l.kernel = in_smem;
     l.smem = smem;
     l.grid = static_cast<int>(
         resident_clusters(reinterpret_cast<const void*>(in_smem), kBlockThreads, 1, l.smem, 1, p.device));
   } else if (fits(in_global, kBlockThreads, 0, p.device)) {
     const int64_t by_memory = static_cast<int64_t>(kMaxGlobalPartials / (2 * sizeof(float))) / p.cols;
     const int64_t grid = by_memory < p.device.sm_count ? by_memory : p.device.sm_count;
-    kernel = in_global;
+    l.kernel = in_global;
     l.grid = static_cast<int>(grid > 1 ? grid : 1);
   } else {
-    return false;
+    return BlockLaunch<kWindow>{};
   }
   l.grid = static_cast<int>(p.rows < l.grid ? p.rows : l.grid);
-  return true;
+  return l;
 }
 
 // kWindow: bwd_block_win, which takes only rows aligned to an element (the window kernel);
 // otherwise bwd_block, every row with the widest access it allows.
 template <bool kWindow>
-BlockLaunch block_launch(const BwdParams& p) {
+BlockLaunch<kWindow> block_launch(const BwdParams& p) {
   const int bytes = bwd_access_bytes(p);
-  if (bytes == 0) return BlockLaunch{};
+  if (bytes == 0) return BlockLaunch<kWindow>{};
   return dispatch_dtype(p.dtype, [&]<typename T>() {
-    BlockLaunch l;
     if constexpr (kWindow) {
-      if (bytes != static_cast<int>(sizeof(T)) || p.cols > kMaxWindowCols) return BlockLaunch{};
-      if (!block_shape(bwd_block_window_kernel<T, true>, bwd_block_window_kernel<T, false>, p, l.window, l,
-                       block_window_smem(p.cols)))
-        return BlockLaunch{};
-      return l;
+      if (bytes != static_cast<int>(sizeof(T)) || p.cols > kMaxWindowCols) return BlockLaunch<kWindow>{};
+      return block_shape<kWindow>(bwd_block_window_kernel<T, true>, bwd_block_window_kernel<T, false>, p,
+                                  block_window_smem(p.cols));
     } else {
       return with_access_bytes<T>(bytes, [&]<int kBytes>() {
-        if (!block_shape(bwd_block_kernel<T, kBytes, true>, bwd_block_kernel<T, kBytes, false>, p, l.kernel, l,
-                         block_smem(p.cols)))
-          return BlockLaunch{};
-        return l;
+        return block_shape<kWindow>(bwd_block_kernel<T, kBytes, true>, bwd_block_kernel<T, kBytes, false>, p,
+                                    block_smem(p.cols));
       });
     }
   });
@@ -626,9 +627,7 @@ HFNN_BWD_REGS(32, 2)
 
 template <bool kWindow>
 bool bwd_block_supports(const BwdParams& p) {
-  if (!(p.rows > 0 && p.cols > 0)) return false;
-  const BlockLaunch l = block_launch<kWindow>(p);
-  return l.kernel != nullptr || l.window != nullptr;
+  return p.rows > 0 && p.cols > 0 && block_launch<kWindow>(p).kernel != nullptr;
 }
 
 template <bool kWindow>
@@ -639,23 +638,19 @@ std::size_t bwd_block_workspace(const BwdParams& p) {
 
 template <bool kWindow>
 cudaError_t bwd_block_run(const BwdParams& p, cudaStream_t stream) {
-  const BlockLaunch l = block_launch<kWindow>(p);
-  if (!l.kernel && !l.window) return cudaErrorInvalidConfiguration;
+  const BlockLaunch<kWindow> l = block_launch<kWindow>(p);
+  if (!l.kernel) return cudaErrorInvalidConfiguration;
   const int grid = static_cast<int>(grid_within_workspace(l.grid, p));
   if (grid < 1) return cudaErrorInvalidValue;
+  if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
   BwdParams q = p;
   if (!p.dgamma && !p.dbeta) q.workspace = nullptr;
-  if (l.window) {
-    if (const cudaError_t err = allow_smem(l.window, l.smem); err != cudaSuccess) return err;
-    if (const cudaError_t err = launch_plain(l.window, grid, kBlockThreads, l.smem, stream, q, same_lead(p.x, {p.dy}),
-                                             same_lead(p.x, {p.dx}));
-        err != cudaSuccess)
-      return err;
-  } else {
-    if (const cudaError_t err = allow_smem(l.kernel, l.smem); err != cudaSuccess) return err;
-    if (const cudaError_t err = launch_plain(l.kernel, grid, kBlockThreads, l.smem, stream, q); err != cudaSuccess)
-      return err;
-  }
+  cudaError_t err;
+  if constexpr (kWindow)
+    err = launch_plain(l.kernel, grid, kBlockThreads, l.smem, stream, q, same_lead(p.x, {p.dy}), same_lead(p.x, {p.dx}));
+  else
+    err = launch_plain(l.kernel, grid, kBlockThreads, l.smem, stream, q);
+  if (err != cudaSuccess) return err;
   return reduce_partials(p, static_cast<const float*>(p.workspace), grid, stream);
 }
 

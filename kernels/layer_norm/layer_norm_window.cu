@@ -52,12 +52,10 @@ int window_period(int64_t cols, int vec) {
 // its window: the smallest of 1, 2, 4, 8 packs a thread; 0 where 8 are not enough.
 int window_accesses(int64_t cols, int vec, int tpr) { return regs_accesses(cols + vec - 1, vec, tpr); }
 
-// The lead of the rows of residue class `cls` (header comment).
+// The lead of the rows of residue class `cls` (header comment): row cls's.
 template <typename T>
 __device__ __forceinline__ int window_lead(const void* x, int64_t cols, int cls) {
-  constexpr int kV = kVec<T, 16>;
-  const int first = static_cast<int>((reinterpret_cast<std::uintptr_t>(x) % 16) / sizeof(T));
-  return static_cast<int>((first + static_cast<int64_t>(cls) * (cols % kV)) % kV);
+  return row_lead<T>(x, static_cast<int64_t>(cls) * cols);
 }
 
 // gamma (or 1) and beta (or 0) by window position into shared memory, 0 outside the row.
