@@ -475,22 +475,41 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_window_kernel(const B
         g[k] = (c >= 0 && c < cols) ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f;
       }
     };
+    // The first pass kBatch packs of x and dy a thread at a time, their loads all issued before the
+    // first mask (load_window_raw).
+    constexpr int kBatch = 2;
+    constexpr int kStep = kBlockThreads * kV;
     float sum_g = 0.f, sum_gx = 0.f;
-    for (int pos = threadIdx.x * kV; pos < positions; pos += kBlockThreads * kV) {
-      float xv[kV], dv[kV], gv[kV];
-      unpack(load_window<T>(xw, pos, lead, end, true), xv);
-      unpack(load_window<T>(dyw, pos, lead, end, dy_vector), dv);  // 0 outside the row
-      gamma_at(pos, gv);
+    for (int base = threadIdx.x * kV; base < positions; base += kBatch * kStep) {
+      Pack<T, 16> xr[kBatch], dr[kBatch];
 #pragma unroll
-      for (int k = 0; k < kV; ++k) {
-        const float xhat = (xv[k] - mean) * rstd;
-        const float g = dv[k] * gv[k];
-        sum_g += g;
-        sum_gx += g * xhat;
-        const int c = pos + k - lead;
-        if (acc_dg && c >= 0 && c < cols) {
-          acc_dg[at(c)] += dv[k] * xhat;
-          acc_db[at(c)] += dv[k];
+      for (int u = 0; u < kBatch; ++u) {
+        const int pos = base + u * kStep;
+        const bool in = pos < positions;
+        xr[u] = in ? load_window_raw<T>(xw, pos, lead, end, true) : zero_pack<T, 16>();
+        dr[u] = in ? load_window_raw<T>(dyw, pos, lead, end, dy_vector) : zero_pack<T, 16>();
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int pos = base + u * kStep;
+        if (pos >= positions) break;
+        mask_window(xr[u], pos, lead, end);
+        mask_window(dr[u], pos, lead, end);  // 0 outside the row
+        float xv[kV], dv[kV], gv[kV];
+        unpack(xr[u], xv);
+        unpack(dr[u], dv);
+        gamma_at(pos, gv);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float xhat = (xv[k] - mean) * rstd;
+          const float g = dv[k] * gv[k];
+          sum_g += g;
+          sum_gx += g * xhat;
+          const int c = pos + k - lead;
+          if (acc_dg && c >= 0 && c < cols) {
+            acc_dg[at(c)] += dv[k] * xhat;
+            acc_db[at(c)] += dv[k];
+          }
         }
       }
     }

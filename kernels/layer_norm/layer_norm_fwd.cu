@@ -264,14 +264,30 @@ __global__ void __launch_bounds__(1024) fwd_block_window_kernel(const FwdParams 
         unpack(load_window<T>(xw, pos, lead, end, true), v);
       }
     };
+    // The first pass kBatch packs a thread at a time, their loads all issued before the first mask
+    // (load_window_raw): about all of a thread's packs in flight at once (fwd_block_launch).
+    constexpr int kBatch = 4;
+    const int step = static_cast<int>(blockDim.x) * kV;
     float sum = 0.f;
-    for (int pos = threadIdx.x * kV; pos < positions; pos += blockDim.x * kV) {
-      float v[kV];
-      unpack(load_window<T>(xw, pos, lead, end, true), v);
+    for (int base = threadIdx.x * kV; base < positions; base += kBatch * step) {
+      Pack<T, 16> raw[kBatch];
 #pragma unroll
-      for (int k = 0; k < kV; ++k) {
-        if constexpr (kStaged) row_buf[pos + k] = v[k];
-        sum += v[k];
+      for (int u = 0; u < kBatch; ++u) {
+        const int pos = base + u * step;
+        raw[u] = pos < positions ? load_window_raw<T>(xw, pos, lead, end, true) : zero_pack<T, 16>();
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int pos = base + u * step;
+        if (pos >= positions) break;
+        mask_window(raw[u], pos, lead, end);
+        float v[kV];
+        unpack(raw[u], v);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          if constexpr (kStaged) row_buf[pos + k] = v[k];
+          sum += v[k];
+        }
       }
     }
     const float mean = block_sum2(sum, 0.f, scratch).x * inv_cols;

@@ -58,15 +58,16 @@ __device__ __forceinline__ int window_lead(const void* x, int64_t cols, int cls)
   return row_lead<T>(x, static_cast<int64_t>(cls) * cols);
 }
 
-// gamma (or 1) and beta (or 0) by window position into shared memory, 0 outside the row.
-template <typename T>
-__device__ __forceinline__ void stage_params(const T* gamma, const T* beta, float* gw, float* bw, int positions,
-                                             int lead, int cols) {
+// gamma (or 1) and beta (or 0) by window position into shared memory as S (float, or T as loaded:
+// exact either way), 0 outside the row.
+template <typename T, typename S>
+__device__ __forceinline__ void stage_params(const T* gamma, const T* beta, S* gw, S* bw, int positions, int lead,
+                                             int cols) {
   for (int q = threadIdx.x; q < positions; q += blockDim.x) {
     const int c = q - lead;
     const bool in = c >= 0 && c < cols;
-    gw[q] = in ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f;
-    if (bw) bw[q] = in && beta ? to_float(beta[c]) : 0.f;
+    gw[q] = from_float<S>(in ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f);
+    if (bw) bw[q] = from_float<S>(in && beta ? to_float(beta[c]) : 0.f);
   }
 }
 
@@ -98,15 +99,21 @@ __device__ __forceinline__ ClassRows class_rows(int64_t rows, int period) {
 
 // ---- forward ---------------------------------------------------------------------------------------
 
+// Resident blocks the forward asks the compiler for: as many as fwd_regs gets from its registers for
+// the same elements a thread (the window's masks otherwise take it to 118-128 registers in 16-bit).
+constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : 4; }
+
 template <typename T, int kTpr, int kNv>
-__global__ void __launch_bounds__(kFwdBlock) fwd_window_kernel(const FwdParams p, int period, bool vector) {
+__global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T, 16>)) fwd_window_kernel(const FwdParams p, int period, bool vector) {
   extern __shared__ float4 fwd_smem[];
   constexpr int kV = kVec<T, 16>;
   constexpr int kPositions = kNv * kTpr * kV;
   constexpr int kGroupsPerBlock = kFwdBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
-  float* gw = reinterpret_cast<float*>(fwd_smem);
-  float* bw = gw + kPositions;
+  // gamma and beta as T: a pack of each is one 16-byte load and kV / 2 registers (as float, twice
+  // that, and the loads the compiler hoists above the row's reductions held 50 more registers in bf16).
+  T* gw = reinterpret_cast<T*>(fwd_smem);
+  T* bw = gw + kPositions;
   const int lane = threadIdx.x % kTpr;
   const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
@@ -128,16 +135,18 @@ __global__ void __launch_bounds__(kFwdBlock) fwd_window_kernel(const FwdParams p
     const bool valid = v < cr.rows;
     const int64_t start = (cr.cls + v * period) * cols - lead;  // the window's first element
     const T* __restrict__ x = static_cast<const T*>(p.x) + start;
-    float val[kNv][kV];
+    // Every load issued before the first mask (load_window_raw).
+    Pack<T, 16> raw[kNv];
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int pos = (i * kTpr + lane) * kV;
-      if (valid && pos < end) {
-        unpack(load_window<T>(x, pos, lead, end, true), val[i]);
-      } else {
+      raw[i] = valid && pos < end ? load_window_raw<T>(x, pos, lead, end, true) : zero_pack<T, 16>();
+    }
+    float val[kNv][kV];
 #pragma unroll
-        for (int k = 0; k < kV; ++k) val[i][k] = 0.f;
-      }
+    for (int i = 0; i < kNv; ++i) {
+      mask_window(raw[i], (i * kTpr + lane) * kV, lead, end);
+      unpack(raw[i], val[i]);
     }
     float sum = 0.f;
 #pragma unroll
@@ -165,8 +174,8 @@ __global__ void __launch_bounds__(kFwdBlock) fwd_window_kernel(const FwdParams p
       const int pos = (i * kTpr + lane) * kV;
       if (pos >= end) continue;
       float g[kV], b[kV], out[kV];
-      staged<kV>(gw, pos, g);
-      staged<kV>(bw, pos, b);
+      unpack(load_pack<T, 16>(gw + pos), g);
+      unpack(load_pack<T, 16>(bw + pos), b);
       // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = fmaf((val[i][k] - mean) * rstd, g[k], b[k]);
@@ -182,7 +191,7 @@ __global__ void __launch_bounds__(kFwdBlock) fwd_window_kernel(const FwdParams p
 
 template <typename T, int kTpr, int kNv>
 std::size_t fwd_window_smem() {
-  return 2 * static_cast<std::size_t>(kNv * kTpr * kVec<T, 16>) * sizeof(float);
+  return 2 * static_cast<std::size_t>(kNv * kTpr * kVec<T, 16>) * sizeof(T);
 }
 
 // Calls f.template operator()<T, kNv>() for the instantiation that fits the row; `none` where none
@@ -284,7 +293,7 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
   const bool want_params = p.dgamma || p.dbeta;
   wait_for_previous_grid();
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
-  stage_params<T>(static_cast<const T*>(p.gamma), nullptr, gw, nullptr, kPositions, lead, cols);
+  stage_params<T, float>(static_cast<const T*>(p.gamma), nullptr, gw, nullptr, kPositions, lead, cols);
   __syncthreads();
 
   float dg[kNv][kV], db[kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
@@ -321,8 +330,8 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
     for (int i = 0; i < kNv; ++i) {
       const int pos = (i * kTpr + lane) * kV;
       if (valid && pos < end) {
-        next_x[i] = load_window<T>(x, pos, lead, end, true);
-        next_dy[i] = load_window<T>(dy, pos, lead, end, vector);
+        next_x[i] = load_window_raw<T>(x, pos, lead, end, true);
+        next_dy[i] = load_window_raw<T>(dy, pos, lead, end, vector);
       } else {
         next_x[i] = next_dy[i] = zero_pack<T, 16>();
       }
@@ -337,8 +346,14 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
     if constexpr (!kPrefetch) load_row(v0);
     Pack<T, 16> xs[kNv], ds[kNv];
     const float mean = next_mean, rstd = next_rstd;
+    // Masked here, after the row's loads were all issued (load_window_raw).
 #pragma unroll
-    for (int i = 0; i < kNv; ++i) xs[i] = next_x[i], ds[i] = next_dy[i];
+    for (int i = 0; i < kNv; ++i) {
+      const int pos = (i * kTpr + lane) * kV;
+      xs[i] = next_x[i], ds[i] = next_dy[i];
+      mask_window(xs[i], pos, lead, end);
+      mask_window(ds[i], pos, lead, end);
+    }
     if constexpr (kPrefetch) {
       if (v0 + stride < cr.rows) load_row(v0 + stride);  // uniform over the warp
     }

@@ -47,20 +47,34 @@ __device__ __forceinline__ void mask_outside(Pack<T, 16>& pk, int pos, int lead,
   pk.raw = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The pack at window position pos of the window starting at w: one 16-byte load where w is
-// 16-byte aligned (`vector`), else the row's elements one at a time; outside [lead, end) zeros.
+// Zeroes the elements of the pack at window position pos that are outside [lead, end) (only the
+// packs at the row's two ends have any).
 template <typename T>
-__device__ __forceinline__ Pack<T, 16> load_window(const T* w, int pos, int lead, int end, bool vector) {
+__device__ __forceinline__ void mask_window(Pack<T, 16>& pk, int pos, int lead, int end) {
+  if (pos < lead || pos + kVec<T, 16> > end) mask_outside(pk, pos, lead, end);
+}
+
+// The pack at window position pos of the window starting at w, as loaded: one 16-byte load where w
+// is 16-byte aligned (`vector`), the elements outside [lead, end) those of the neighbouring rows
+// until mask_window zeroes them; else the row's elements one at a time, zeros outside. Kernels
+// that hold a row in registers issue every pack's load first and mask after: a mask right behind
+// its load waits for it, and the next pack's load with it (in SASS: one load in flight at a time).
+template <typename T>
+__device__ __forceinline__ Pack<T, 16> load_window_raw(const T* w, int pos, int lead, int end, bool vector) {
   constexpr int kV = kVec<T, 16>;
-  if (vector) {
-    Pack<T, 16> pk = load_pack<T, 16>(w + pos);
-    if (pos < lead || pos + kV > end) mask_outside(pk, pos, lead, end);
-    return pk;
-  }
+  if (vector) return load_pack<T, 16>(w + pos);
   float v[kV];
 #pragma unroll
   for (int k = 0; k < kV; ++k) v[k] = (pos + k >= lead && pos + k < end) ? to_float(w[pos + k]) : 0.f;
   return pack<T, 16>(v);  // exact: each value came from a T
+}
+
+// load_window_raw, masked: zeros outside [lead, end).
+template <typename T>
+__device__ __forceinline__ Pack<T, 16> load_window(const T* w, int pos, int lead, int end, bool vector) {
+  Pack<T, 16> pk = load_window_raw<T>(w, pos, lead, end, vector);
+  if (vector) mask_window(pk, pos, lead, end);
+  return pk;
 }
 
 // Stores the row's elements of `out` (window positions [pos, pos + V)): one 16-byte store where the
