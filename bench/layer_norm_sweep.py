@@ -438,6 +438,32 @@ def summarize(records) -> str:
     return "\n".join(out) + "\n"
 
 
+def compare(base, new) -> str:
+    """Two runs of the same candidates (a change against its baseline, measured back to back on one
+    machine): per candidate, size, dtype and pass, the base/new time ratio at the median and its
+    extremes over the widths (above 1: the change is faster), then each width's. Candidates or rows
+    the change does not touch are the control: their ratios show how far the two runs agree."""
+    key = lambda r: (r["candidate"], r["size"], r["dtype"], r["pass"], r["shape"][-1])
+    times = {key(r): r["median_us"] for r in base if "median_us" in r}
+    groups = {}
+    for r in new:
+        k = key(r)
+        if "median_us" in r and k in times:
+            groups.setdefault(k[:4], []).append((times[k] / r["median_us"], k[4]))
+    if not groups:
+        return "no candidate, size, dtype, pass and width measured in both runs\n"
+    lines = ["| candidate | size | dtype | pass | widths | base/new median | min (D) | max (D) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g, v in sorted(groups.items()):
+        lo, hi = min(v), max(v)
+        lines.append(f"| {' | '.join(g)} | {len(v)} | {statistics.median(x for x, _ in v):.3f} | "
+                     f"{lo[0]:.3f} ({lo[1]}) | {hi[0]:.3f} ({hi[1]}) |")
+    lines.append("")
+    for g, v in sorted(groups.items()):
+        lines.append(f"{' '.join(g)}: " + " ".join(f"{d}:{x:.2f}" for x, d in sorted(v, key=lambda t: t[1])))
+    return "\n".join(lines) + "\n"
+
+
 def plot(records, target: Path) -> None:
     """SVG: % of copy bandwidth against width (log scale), per dtype and pass, for torch,
     torch.compile, the built-in choice and the best variant, at about 16M elements."""
@@ -511,6 +537,9 @@ def main():
                     help="write the built-in choice's data (OUT) from sweep results")
     ap.add_argument("--plot", nargs="+", type=Path, metavar=("SVG", "SWEEP"))
     ap.add_argument("--summarize", nargs="+", type=Path, metavar="SWEEP")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("BASE", "NEW"),
+                    help="a change against its baseline: two runs of the same candidates, measured back to back "
+                         "on one machine (a fresh one drifts more than most changes move), base/new time ratios")
     args = ap.parse_args()
 
     def load(path):
@@ -558,6 +587,8 @@ def main():
         plot(load_runs(args.plot[1:]), args.plot[0])
     elif args.summarize:
         print(summarize(load_runs(args.summarize)), end="")
+    elif args.compare:
+        print(compare(load(args.compare[0]), load(args.compare[1])), end="")
     elif args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         records = measure(args)

@@ -8,15 +8,48 @@
 #                  (CMake option HFNN_LSTM_PHASES, a diagnostic: device_run.sh stage lstm-phases);
 #                  the build directory is set back after it. Carry .devbuild alone then (66 MB
 #                  with .deps is over the limit; .deps is only needed where the wheel does not load).
+#   --baseline     first the wheel of HEAD without this tree's uncommitted changes to tracked files
+#                  (git stash, build, git stash pop; the build directory is shared, so only what the
+#                  changes touch is rebuilt, twice), into build/devbuild_base/ (git-ignored). Both
+#                  wheels do not fit one carry: a same-machine A/B is two device calls back to back,
+#                  the second while the first's machine is still warm (its idle time is 30 s):
+#                    carry build/devbuild_base: rm -rf .devbuild && cp -r build/devbuild_base .devbuild &&
+#                      SWEEP_ARGS=... bash scripts/device_run.sh sweep; mkdir $OUT/base && mv $OUT/*.json $OUT/base/
+#                    carry .devbuild:           SWEEP_ARGS=... bash scripts/device_run.sh sweep
+#                  then here: python3 bench/layer_norm_sweep.py --compare BASE.json NEW.json
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "${HFNN_WHEEL_REPO:-$(dirname "$0")/..}"
+# --baseline stashes this very script with the rest of the changes, and bash reads a script as it
+# runs: run a copy instead.
+if [[ " $* " == *" --baseline "* && -z "${HFNN_WHEEL_REPO:-}" ]]; then
+  copy=$(mktemp /tmp/device_wheel.XXXXXX.sh)
+  cp scripts/device_wheel.sh "$copy"
+  HFNN_WHEEL_REPO=$(pwd) exec bash "$copy" "$@"
+fi
 phases=0
+baseline=0
 for arg in "$@"; do
   case "$arg" in
     --lstm-phases) phases=1 ;;
-    *) echo "scripts/device_wheel.sh: unknown option $arg (--lstm-phases is the only one)" >&2; exit 2 ;;
+    --baseline) baseline=1 ;;
+    *) echo "scripts/device_wheel.sh: unknown option $arg (--lstm-phases and --baseline are the options)" >&2; exit 2 ;;
   esac
 done
+if [ "$baseline" = 1 ]; then
+  if git diff --quiet HEAD --; then
+    echo "scripts/device_wheel.sh: --baseline: no uncommitted changes to tracked files, so no baseline to build (HEAD is the tree)" >&2
+    exit 2
+  fi
+  git stash push --quiet
+  # The changes come back whatever happens to the baseline's build.
+  trap 'git stash pop --quiet || echo "scripts/device_wheel.sh: git stash pop failed: your changes are in git stash list" >&2' EXIT
+  rm -rf build/devbuild_base && mkdir -p build/devbuild_base
+  python3 -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF \
+    -w build/devbuild_base .
+  git stash pop --quiet
+  trap - EXIT
+  echo "built the baseline (HEAD $(git rev-parse --short HEAD)) into build/devbuild_base/"
+fi
 rm -rf .devbuild && mkdir -p .devbuild
 python3 -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF -w .devbuild .
 # The build directory pip just used: the newest one (a stale one of another Python may sit beside it).

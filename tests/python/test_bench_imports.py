@@ -61,3 +61,32 @@ def test_mha_cpu_defaults_are_the_issues_launch_bound_config():
     assert (args.config, args.dtype, args.core, args.compare_torch) == ([32, 128, 768, 12], "bfloat16", "sdpa_flash", False)
     args = mha_cpu.parse_args(["--config", "8", "1024", "1024", "16", "--core", "sdpa_auto", "--compare-torch"])
     assert args.config == [8, 1024, 1024, 16] and args.core == "sdpa_auto" and args.compare_torch
+
+
+def test_layer_norm_sweep_compare_reads_two_runs(tmp_path):
+    """`--compare BASE NEW` (a change against its baseline, measured back to back): base/new ratios per
+    candidate, size, dtype and pass, a width only where both runs measured it, and a one-line error
+    for a file it cannot read."""
+    import json
+    import subprocess
+    import sys
+
+    def rec(candidate, d, us):
+        return {"gpu": "G", "size": "16M", "dtype": "bfloat16", "pass": "bwd", "candidate": candidate,
+                "shape": [1024, d], "median_us": us}
+
+    base = [rec("v", 256, 10.0), rec("v", 512, 20.0), rec("v", 1024, 40.0), rec("w", 256, 5.0)]
+    new = [rec("v", 256, 5.0), rec("v", 512, 20.0), rec("v", 2048, 1.0), rec("w", 256, 10.0)]
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    script = str(ROOT / "bench" / "layer_norm_sweep.py")
+    out = subprocess.run([sys.executable, script, "--compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| v ") or line.startswith("| w ")}
+    # v: widths 256 (2.0x) and 512 (1.0x) in both runs; 1024 and 2048 in one only
+    assert "| 2 | 1.500 | 1.000 (512) | 2.000 (256) |" in rows["v"], out.stdout
+    assert "| 1 | 0.500 | 0.500 (256) | 0.500 (256) |" in rows["w"], out.stdout
+    bad = subprocess.run([sys.executable, script, "--compare", str(tmp_path / "missing.json"), str(tmp_path / "new.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
