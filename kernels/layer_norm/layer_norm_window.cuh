@@ -11,8 +11,11 @@
 namespace hfnn::kernels::layer_norm {
 
 // Window positions are int: the widest row read through a window (past it, positions and the
-// loop's next position would overflow; the block variants take such rows an element at a time).
-inline constexpr int64_t kMaxWindowCols = 2147483647 - 16 * 1024;
+// loops' next positions would overflow; the block variants take such rows an element at a time).
+// The margin is the furthest a loop steps past a row's last position: fwd_block's first pass, 4
+// packs of 8 elements for each of up to 1,024 threads (32K; review of d3db6b5: with 16K, rows of
+// 2^31 - 32K columns or more wrapped to negative positions).
+inline constexpr int64_t kMaxWindowCols = 2147483647 - 64 * 1024;
 
 // Host: whether every pointer is aligned to its element.
 inline bool elem_aligned(std::initializer_list<const void*> pointers, int elem) {
