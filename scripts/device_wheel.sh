@@ -26,6 +26,8 @@ if [[ " $* " == *" --baseline "* && -z "${HFNN_WHEEL_REPO:-}" ]]; then
   cp scripts/device_wheel.sh "$copy"
   HFNN_WHEEL_REPO=$(pwd) exec bash "$copy" "$@"
 fi
+# The copy removes itself: bash keeps reading it through the file it has open.
+[[ -n "${HFNN_WHEEL_REPO:-}" && "$0" == /tmp/device_wheel.*.sh ]] && rm -f "$0"
 phases=0
 baseline=0
 for arg in "$@"; do
