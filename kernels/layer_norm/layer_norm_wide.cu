@@ -196,7 +196,7 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 }
 
 template <typename T, int kNv, int kBytes>
-__global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
+__device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part) {
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y;
@@ -323,6 +323,27 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (C > 1) cluster.sync();  // no block leaves while another may still read its slots
 #endif
+}
+
+// The forward's kernels: the body above under two register caps. fp16 at 4 accesses of 16 bytes a
+// thread asks for two resident blocks of 512 threads (64 registers): left alone, its unpacking took
+// 76 where bf16 and float32 took 63-64 (ptxas, sm_90), one block an SM instead of two (H200, 16M
+// elements: the fp16 forward 1.07-1.45x faster with the cap, 1.13-1.57x split over a cluster, D =
+// 2,560 to 65,536). Everything else keeps the plain bound: the same cap on every dtype and on 1 to 4
+// accesses of any width moved register counts by a few either way (up, 40 -> 56, for fp16's 4-byte
+// accesses) and cost bf16 2-3% and fp16 4-byte rows (D = 6,402, 25,602) up to 25%.
+template <typename T, int kNv, int kBytes>
+__global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
+  fwd_wide_body<T, kNv, kBytes>(p, part);
+}
+template <typename T, int kNv, int kBytes>
+__global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdParams p, const int64_t part) {
+  fwd_wide_body<T, kNv, kBytes>(p, part);
+}
+template <typename T, int kNv, int kBytes>
+constexpr auto fwd_wide_entry() {
+  if constexpr (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16) return fwd_wide_kernel_two<T, kNv, kBytes>;
+  else return fwd_wide_kernel<T, kNv, kBytes>;
 }
 
 // Blocks of 512 threads the compiler must fit on an SM at once (a register cap): two where a thread
@@ -664,7 +685,7 @@ bool fwd_wide_supports(const FwdParams& p) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(p.cols, p.dtype, s, kCluster)) return false;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(fwd_wide_kernel<T, kNv, kBytes>, s, 0, kCluster, p.device) ? cudaSuccess
+           return shape_fits(fwd_wide_entry<T, kNv, kBytes>(), s, 0, kCluster, p.device) ? cudaSuccess
                                                                                        : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
@@ -676,7 +697,7 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = fwd_wide_kernel<T, kNv, kBytes>;
+    auto kernel = fwd_wide_entry<T, kNv, kBytes>();
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;

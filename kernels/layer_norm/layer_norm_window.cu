@@ -52,6 +52,15 @@ int window_period(int64_t cols, int vec) {
 // its window: the smallest of 1, 2, 4, 8 packs a thread; 0 where 8 are not enough.
 int window_accesses(int64_t cols, int vec, int tpr) { return regs_accesses(cols + vec - 1, vec, tpr); }
 
+// The forward's finer choice: the smallest of 1 to 6 and 8 packs. A row of 1,023 or 1,025 columns in
+// 16-bit spans 129 or 130 packs of its window: 5 a lane at tpr32, where the powers of two gave it 8
+// (and 127 registers a thread, half the resident warps of the aligned 1,024's).
+int window_accesses_fine(int64_t cols, int vec, int tpr) {
+  const int64_t per = static_cast<int64_t>(vec) * tpr;
+  const int64_t need = (cols + vec - 1 + per - 1) / per;
+  return need <= 6 ? static_cast<int>(need) : (need <= 8 ? 8 : 0);
+}
+
 // The lead of the rows of residue class `cls` (header comment): row cls's.
 template <typename T>
 __device__ __forceinline__ int window_lead(const void* x, int64_t cols, int cls) {
@@ -101,7 +110,7 @@ __device__ __forceinline__ ClassRows class_rows(int64_t rows, int period) {
 
 // Resident blocks the forward asks the compiler for: as many as fwd_regs gets from its registers for
 // the same elements a thread (the window's masks otherwise take it to 118-128 registers in 16-bit).
-constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : 4; }
+constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : (elements <= 48 ? 5 : 4); }
 
 template <typename T, int kTpr, int kNv>
 __global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T, 16>)) fwd_window_kernel(const FwdParams p, int period, bool vector) {
@@ -196,14 +205,23 @@ std::size_t fwd_window_smem() {
 
 // Calls f.template operator()<T, kNv>() for the instantiation that fits the row; `none` where none
 // does (supports() said no).
-template <int kTpr, typename R, typename F>
+// kFine: the forward's finer choice of packs (window_accesses_fine).
+template <int kTpr, bool kFine = false, typename R, typename F>
 R with_window(DType dtype, int64_t cols, R none, F&& f) {
   return dispatch_dtype(dtype, [&]<typename T>() -> R {
-    switch (window_accesses(cols, kVec<T, 16>, kTpr)) {
+    const int nv = kFine ? window_accesses_fine(cols, kVec<T, 16>, kTpr) : window_accesses(cols, kVec<T, 16>, kTpr);
+    switch (nv) {
       case 1: return f.template operator()<T, 1>();
       case 2: return f.template operator()<T, 2>();
       case 4: return f.template operator()<T, 4>();
       case 8: return f.template operator()<T, 8>();
+    }
+    if constexpr (kFine) {
+      switch (nv) {
+        case 3: return f.template operator()<T, 3>();
+        case 5: return f.template operator()<T, 5>();
+        case 6: return f.template operator()<T, 6>();
+      }
     }
     return none;
   });
@@ -243,14 +261,14 @@ bool fwd_window_supports(const FwdParams& p) {
   const int elem = static_cast<int>(dtype_size(p.dtype));
   if (!elem_aligned({p.x, p.y, p.gamma, p.beta}, elem)) return false;
   if (access_bytes(p.cols, elem, {p.x, p.y, p.gamma, p.beta}) == 16) return false;  // the *_regs variants
-  return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
+  return with_window<kTpr, true>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
     return fits(fwd_window_kernel<T, kTpr, kNv>, kFwdBlock, fwd_window_smem<T, kTpr, kNv>(), p.device);
   });
 }
 
 template <int kTpr>
 cudaError_t fwd_window_run(const FwdParams& p, cudaStream_t stream) {
-  return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
+  return with_window<kTpr, true>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
     constexpr auto kernel = fwd_window_kernel<T, kTpr, kNv>;
     const std::size_t smem = fwd_window_smem<T, kTpr, kNv>();
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
