@@ -50,12 +50,14 @@ constexpr FwdVariant fwd_window(std::string_view name) {
           &fwd_window_supports<kTpr>, &fwd_window_run<kTpr>};
 }
 
-template <int kTpr>
+template <int kTpr, bool kSmem = false>
 constexpr BwdVariant bwd_window(std::string_view name) {
   return {name,
-          "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead, "
-          "dgamma/dbeta in registers",
-          &bwd_window_supports<kTpr>, &bwd_window_workspace<kTpr>, &bwd_window_run<kTpr>};
+          kSmem ? "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead, "
+                  "dgamma/dbeta in shared memory (rows of over 8 elements a lane)"
+                : "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead, "
+                  "dgamma/dbeta in registers",
+          &bwd_window_supports<kTpr, kSmem>, &bwd_window_workspace<kTpr, kSmem>, &bwd_window_run<kTpr, kSmem>};
 }
 
 constexpr std::array kFwd = {
@@ -107,6 +109,10 @@ constexpr std::array kBwd = {
     bwd_window<8>("bwd_win_tpr8"),
     bwd_window<16>("bwd_win_tpr16"),
     bwd_window<32>("bwd_win_tpr32"),
+    bwd_window<4, true>("bwd_win_tpr4_smem"),
+    bwd_window<8, true>("bwd_win_tpr8_smem"),
+    bwd_window<16, true>("bwd_win_tpr16_smem"),
+    bwd_window<32, true>("bwd_win_tpr32_smem"),
     BwdVariant{"bwd_block_win",
                "bwd_block for rows aligned to an element only, read and written through 16-byte windows",
                &bwd_block_supports<true>, &bwd_block_workspace<true>, &bwd_block_run<true>},

@@ -36,9 +36,10 @@ template <int kCluster, bool kSmemSums> cudaError_t bwd_wide_run(const BwdParams
 // row as in *_regs, blocks taking rows of one lead (layer_norm_window.cu).
 template <int kTpr> bool fwd_window_supports(const FwdParams& p);
 template <int kTpr> cudaError_t fwd_window_run(const FwdParams& p, cudaStream_t stream);
-template <int kTpr> bool bwd_window_supports(const BwdParams& p);
-template <int kTpr> std::size_t bwd_window_workspace(const BwdParams& p);
-template <int kTpr> cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream);
+// kSmemSums: each thread's dgamma/dbeta sums in shared memory (bwd_win_tpr*_smem).
+template <int kTpr, bool kSmemSums> bool bwd_window_supports(const BwdParams& p);
+template <int kTpr, bool kSmemSums> std::size_t bwd_window_workspace(const BwdParams& p);
+template <int kTpr, bool kSmemSums> cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream);
 
 // The persistent backward variants' last step: dgamma and dbeta from the [2][grid][cols] float
 // partials in the workspace, summed in a fixed order (layer_norm_bwd.cu).

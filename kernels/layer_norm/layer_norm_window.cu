@@ -1,9 +1,10 @@
 // LayerNorm variants for rows that are not 16-byte aligned: odd widths in 16-bit, widths that are no
 // multiple of 4 in float32, tensors that start inside their storage.
 //
-//   fwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}
-//     The row-register variants' layout (kTpr threads a row, the row in registers, a persistent
-//     grid, dgamma/dbeta summed in registers over the rows a thread visits), but every access 16
+//   fwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}_smem
+//     The row-register variants' layout (kTpr threads a row, the row in registers, 1 to 6 or 8
+//     packs a lane, a persistent grid, dgamma/dbeta summed in registers over the rows a thread
+//     visits; in shared memory in the _smem variants), but every access 16
 //     bytes wide whatever the row's alignment: a row is read through its WINDOW, the 16-byte-aligned
 //     span that covers it. The window starts `lead` elements before the row (0 to 7 in 16-bit, 0 to 3
 //     in float32); window position q is column q - lead. The packs at the window's two ends hold
@@ -40,7 +41,6 @@ namespace {
 
 constexpr int kFwdBlock = 128;
 constexpr int kBwdBlock = 256;
-constexpr int kBwdWarps = kBwdBlock / 32;
 
 // Rows between two rows with the same lead: V / gcd(cols mod V, V), V elements a 16-byte pack.
 int window_period(int64_t cols, int vec) {
@@ -48,14 +48,12 @@ int window_period(int64_t cols, int vec) {
   return r == 0 ? 1 : vec / std::gcd(r, vec);
 }
 
-// Packs a row-group holds a row in, for a row of `cols` that may start up to V - 1 elements into
-// its window: the smallest of 1, 2, 4, 8 packs a thread; 0 where 8 are not enough.
-int window_accesses(int64_t cols, int vec, int tpr) { return regs_accesses(cols + vec - 1, vec, tpr); }
-
-// The forward's finer choice: the smallest of 1 to 6 and 8 packs. A row of 1,023 or 1,025 columns in
-// 16-bit spans 129 or 130 packs of its window: 5 a lane at tpr32, where the powers of two gave it 8
-// (and 127 registers a thread, half the resident warps of the aligned 1,024's).
-int window_accesses_fine(int64_t cols, int vec, int tpr) {
+// Packs a lane holds a row in, for a row of `cols` that may start up to V - 1 elements into its
+// window: the smallest of 1 to 6 and 8; 0 where 8 are not enough. Not only powers of two: a row of
+// 1,023 or 1,025 columns in 16-bit spans 129 or 130 packs of its window, 5 a lane at tpr32, where
+// the powers of two gave it 8 (forward: 127 registers a thread instead of 88, half the resident
+// warps; backward: half its packs and sums idle).
+int window_accesses(int64_t cols, int vec, int tpr) {
   const int64_t per = static_cast<int64_t>(vec) * tpr;
   const int64_t need = (cols + vec - 1 + per - 1) / per;
   return need <= 6 ? static_cast<int>(need) : (need <= 8 ? 8 : 0);
@@ -205,23 +203,17 @@ std::size_t fwd_window_smem() {
 
 // Calls f.template operator()<T, kNv>() for the instantiation that fits the row; `none` where none
 // does (supports() said no).
-// kFine: the forward's finer choice of packs (window_accesses_fine).
-template <int kTpr, bool kFine = false, typename R, typename F>
+template <int kTpr, typename R, typename F>
 R with_window(DType dtype, int64_t cols, R none, F&& f) {
   return dispatch_dtype(dtype, [&]<typename T>() -> R {
-    const int nv = kFine ? window_accesses_fine(cols, kVec<T, 16>, kTpr) : window_accesses(cols, kVec<T, 16>, kTpr);
-    switch (nv) {
+    switch (window_accesses(cols, kVec<T, 16>, kTpr)) {
       case 1: return f.template operator()<T, 1>();
       case 2: return f.template operator()<T, 2>();
+      case 3: return f.template operator()<T, 3>();
       case 4: return f.template operator()<T, 4>();
+      case 5: return f.template operator()<T, 5>();
+      case 6: return f.template operator()<T, 6>();
       case 8: return f.template operator()<T, 8>();
-    }
-    if constexpr (kFine) {
-      switch (nv) {
-        case 3: return f.template operator()<T, 3>();
-        case 5: return f.template operator()<T, 5>();
-        case 6: return f.template operator()<T, 6>();
-      }
     }
     return none;
   });
@@ -261,14 +253,14 @@ bool fwd_window_supports(const FwdParams& p) {
   const int elem = static_cast<int>(dtype_size(p.dtype));
   if (!elem_aligned({p.x, p.y, p.gamma, p.beta}, elem)) return false;
   if (access_bytes(p.cols, elem, {p.x, p.y, p.gamma, p.beta}) == 16) return false;  // the *_regs variants
-  return with_window<kTpr, true>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
+  return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
     return fits(fwd_window_kernel<T, kTpr, kNv>, kFwdBlock, fwd_window_smem<T, kTpr, kNv>(), p.device);
   });
 }
 
 template <int kTpr>
 cudaError_t fwd_window_run(const FwdParams& p, cudaStream_t stream) {
-  return with_window<kTpr, true>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
+  return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
     constexpr auto kernel = fwd_window_kernel<T, kTpr, kNv>;
     const std::size_t smem = fwd_window_smem<T, kTpr, kNv>();
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
@@ -289,17 +281,41 @@ namespace {
 constexpr int window_min_blocks(int elements) { return elements <= 8 ? 3 : 1; }
 constexpr bool window_prefetch(int elements) { return elements <= 32; }
 
-template <typename T, int kTpr, int kNv>
-__global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>))
+// bwd_win_tpr*_smem: each thread's dgamma/dbeta sums in shared memory instead of registers, as in
+// bwd_wide_c*_smem, in blocks of 128 threads asking for 4 resident (128 registers a thread). In
+// registers the sums are 2 floats an element, and the kernel took 144-178 registers at 16 to 32
+// elements a lane and 254 at 64 (8 packs of bf16): one block of 8 warps an SM (Nsight Compute, H200,
+// 16,400 x 1,023 bf16 with 8 packs a lane: 12% achieved occupancy, DRAM at 35%). Measured against
+// each other (H200, same machine): shared memory 1.1-1.27x faster at 16M elements where a lane holds
+// 3 to 5 packs, registers 1.2-1.3x faster at 6 and 8 packs and at 1M elements almost everywhere
+// (the larger grid's partial rows). Both are variants; the data picks. The _smem variants take only
+// rows of more than 8 elements a lane (below that the sums fit registers and the plain variant runs).
+template <typename T, int kNv, bool kSmemSums>
+constexpr int bwd_window_block() { return kSmemSums ? 128 : kBwdBlock; }
+template <typename T, int kNv, bool kSmemSums>
+constexpr int bwd_window_min_blocks() { return kSmemSums ? 4 : window_min_blocks(kNv * kVec<T, 16>); }
+template <typename T, int kNv>
+constexpr bool bwd_window_smem_takes() { return kNv * kVec<T, 16> > 8; }
+
+template <typename T, int kTpr, int kNv, bool kSmemSums>
+__global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_window_min_blocks<T, kNv, kSmemSums>())
     bwd_window_kernel(const BwdParams p, int period, bool vector) {
   extern __shared__ float4 bwd_smem[];
   constexpr int kV = kVec<T, 16>;
+  constexpr int kBlock = bwd_window_block<T, kNv, kSmemSums>();
+  constexpr int kWarps = kBlock / 32;
+  constexpr int kQ = kV / 4;  // float4s of a pack's dgamma (and of its dbeta)
   constexpr int kPositions = kNv * kTpr * kV;
-  constexpr int kGroupsPerBlock = kBwdBlock / kTpr;
+  constexpr int kGroupsPerBlock = kBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
   constexpr bool kHoldGamma = kNv * kV <= 16;
   float* gw = reinterpret_cast<float*>(bwd_smem);  // [kPositions]
-  float* fold = gw + kPositions;                    // [kBwdWarps][kPositions]
+  // kSmemSums: this thread's float4 j of pack i's sums (dgamma's at j < kQ, dbeta's at kQ + j),
+  // [2 kNv kQ][kBlock] (a warp's float4s contiguous: no bank conflicts); otherwise the fold's rows,
+  // [kWarps][kPositions].
+  float* fold = gw + kPositions;
+  float4* const sums = reinterpret_cast<float4*>(fold) + threadIdx.x;
+  auto slot = [&](int i, int j) -> float4& { return sums[(i * 2 * kQ + j) * kBlock]; };
   const int lane = threadIdx.x % kTpr;
   const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
@@ -314,11 +330,16 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
   stage_params<T, float>(static_cast<const T*>(p.gamma), nullptr, gw, nullptr, kPositions, lead, cols);
   __syncthreads();
 
-  float dg[kNv][kV], db[kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
+  float dg[kSmemSums ? 1 : kNv][kV], db[kSmemSums ? 1 : kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
+    if constexpr (kSmemSums) {
 #pragma unroll
-    for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = float4{};  // own slots: no barrier
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
+    }
     if constexpr (kHoldGamma) staged<kV>(gw, (i * kTpr + lane) * kV, held_gamma[i]);
   }
   auto gamma_of = [&](int i, float (&out)[kV]) {
@@ -355,7 +376,8 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
       }
     }
   };
-  constexpr bool kPrefetch = window_prefetch(kNv * kV);
+  // (and at most 4 packs a lane: float32's 5 to 8 with the next row's too spilled at 128 registers)
+  constexpr bool kPrefetch = window_prefetch(kNv * kV) && kNv <= 4;
   if constexpr (kPrefetch) {
     if (first < cr.rows) load_row(first);
   }
@@ -384,14 +406,32 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
       unpack(xs[i], xv);
       unpack(ds[i], dv);
       gamma_of(i, gv);
+      float xhat[kV];
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
-        const float xhat = (xv[k] - mean) * rstd;
+        xhat[k] = (xv[k] - mean) * rstd;
         const float g = dv[k] * gv[k];
         sum_g += g;
-        sum_gx = fmaf(g, xhat, sum_gx);
-        dg[i][k] = fmaf(dv[k], xhat, dg[i][k]);
-        db[i][k] += dv[k];
+        sum_gx = fmaf(g, xhat[k], sum_gx);
+      }
+      if constexpr (kSmemSums) {
+#pragma unroll
+        for (int j = 0; j < kQ; ++j) {
+          float4 g = slot(i, j), b = slot(i, kQ + j);
+          g.x = fmaf(dv[4 * j], xhat[4 * j], g.x);
+          g.y = fmaf(dv[4 * j + 1], xhat[4 * j + 1], g.y);
+          g.z = fmaf(dv[4 * j + 2], xhat[4 * j + 2], g.z);
+          g.w = fmaf(dv[4 * j + 3], xhat[4 * j + 3], g.w);
+          b.x += dv[4 * j], b.y += dv[4 * j + 1], b.z += dv[4 * j + 2], b.w += dv[4 * j + 3];
+          slot(i, j) = g;
+          slot(i, kQ + j) = b;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          dg[i][k] = fmaf(dv[k], xhat[k], dg[i][k]);
+          db[i][k] += dv[k];
+        }
       }
     }
     sum_g = group_sum<kTpr>(sum_g);
@@ -427,7 +467,25 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
     }
   }
   if (!want_params) return;  // uniform over the grid
-
+  float* partials = static_cast<float*>(p.workspace);
+  if constexpr (kSmemSums) {
+    // Column c sits at window position q = c + lead: pack q / (kTpr V) of lane (q / V) mod kTpr,
+    // held by the block's threads of that lane, summed in thread order.
+    __syncthreads();
+    const float* all = reinterpret_cast<const float*>(fold);
+    for (int which = 0; which < 2; ++which) {
+      float* dst = partials + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * cols;
+      for (int col = threadIdx.x; col < cols; col += kBlock) {
+        const int q = col + lead;
+        const int i = q / (kTpr * kV), l = (q / kV) % kTpr, k = q % kV;
+        const float* v = all + ((i * 2 * kQ + which * kQ + k / 4) * kBlock) * 4 + k % 4;
+        float s = 0.f;
+        for (int t = l; t < kBlock; t += kTpr) s += v[t * 4];
+        dst[col] = s;
+      }
+    }
+    return;
+  } else {
   // Fold: lanes l, l + kTpr, ... of a warp hold the same window positions (one lead a block), then
   // the warps' rows in shared memory in a fixed order, written out by column.
 #pragma unroll
@@ -440,7 +498,6 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
         db[i][k] += __shfl_xor_sync(0xffffffffu, db[i][k], offset);
       }
   }
-  float* partials = static_cast<float*>(p.workspace);
   for (int which = 0; which < 2; ++which) {
     if (group_in_warp == 0) {
 #pragma unroll
@@ -452,74 +509,97 @@ __global__ void __launch_bounds__(kBwdBlock, window_min_blocks(kNv * kVec<T, 16>
     }
     __syncthreads();
     float* dst = partials + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * cols;
-    for (int col = threadIdx.x; col < cols; col += kBwdBlock) {
+    for (int col = threadIdx.x; col < cols; col += kBlock) {
       float s = 0.f;
 #pragma unroll
-      for (int w = 0; w < kBwdWarps; ++w) s += fold[w * kPositions + col + lead];
+      for (int w = 0; w < kWarps; ++w) s += fold[w * kPositions + col + lead];
       dst[col] = s;
     }
     __syncthreads();
   }
+  }
 }
 
-template <typename T, int kTpr, int kNv>
+template <typename T, int kTpr, int kNv, bool kSmemSums>
 std::size_t bwd_window_smem() {
-  return static_cast<std::size_t>(1 + kBwdWarps) * (kNv * kTpr * kVec<T, 16>) * sizeof(float);
+  const std::size_t positions = static_cast<std::size_t>(kNv) * kTpr * kVec<T, 16>;
+  constexpr std::size_t block = bwd_window_block<T, kNv, kSmemSums>();
+  if constexpr (kSmemSums)  // gamma by position, the sums: 2 floats an element a thread
+    return (positions + 2 * static_cast<std::size_t>(kNv) * kVec<T, 16> * block) * sizeof(float);
+  return (1 + block / 32) * positions * sizeof(float);
 }
 
 // The backward's grid, within the workspace where dgamma or dbeta is wanted.
-template <typename T, int kTpr, int kNv>
+template <typename T, int kTpr, int kNv, bool kSmemSums>
 int64_t bwd_window_grid(const BwdParams& p, int64_t cap) {
-  return window_grid(resident<bwd_window_kernel<T, kTpr, kNv>>(kBwdBlock, bwd_window_smem<T, kTpr, kNv>(), p.device),
-                     p.rows, window_period(p.cols, kVec<T, 16>), kBwdBlock / kTpr, cap);
+  constexpr int block = bwd_window_block<T, kNv, kSmemSums>();
+  return window_grid(resident<bwd_window_kernel<T, kTpr, kNv, kSmemSums>>(block, bwd_window_smem<T, kTpr, kNv, kSmemSums>(),
+                                                                          p.device),
+                     p.rows, window_period(p.cols, kVec<T, 16>), block / kTpr, cap);
 }
 
 }  // namespace
 
-template <int kTpr>
+template <int kTpr, bool kSmemSums>
 bool bwd_window_supports(const BwdParams& p) {
   if (!(p.rows > 0 && p.cols > 0)) return false;
   const int elem = static_cast<int>(dtype_size(p.dtype));
   if (!elem_aligned({p.x, p.dy, p.dx, p.gamma}, elem)) return false;
   if (access_bytes(p.cols, elem, {p.x, p.dy, p.dx, p.gamma}) == 16) return false;  // the *_regs variants
   return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
-    return fits(bwd_window_kernel<T, kTpr, kNv>, kBwdBlock, bwd_window_smem<T, kTpr, kNv>(), p.device);
+    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) {
+      return false;
+    } else {
+      return fits(bwd_window_kernel<T, kTpr, kNv, kSmemSums>, bwd_window_block<T, kNv, kSmemSums>(),
+                  bwd_window_smem<T, kTpr, kNv, kSmemSums>(), p.device);
+    }
   });
 }
 
-template <int kTpr>
+template <int kTpr, bool kSmemSums>
 std::size_t bwd_window_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
   return with_window<kTpr>(p.dtype, p.cols, std::size_t{0}, [&]<typename T, int kNv>() -> std::size_t {
-    return 2 * static_cast<std::size_t>(bwd_window_grid<T, kTpr, kNv>(p, int64_t{1} << 30)) *
-           static_cast<std::size_t>(p.cols) * sizeof(float);
+    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) {
+      return 0;
+    } else {
+      return 2 * static_cast<std::size_t>(bwd_window_grid<T, kTpr, kNv, kSmemSums>(p, int64_t{1} << 30)) *
+             static_cast<std::size_t>(p.cols) * sizeof(float);
+    }
   });
 }
 
-template <int kTpr>
+template <int kTpr, bool kSmemSums>
 cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream) {
   return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
-    constexpr auto kernel = bwd_window_kernel<T, kTpr, kNv>;
-    const std::size_t smem = bwd_window_smem<T, kTpr, kNv>();
-    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    const int64_t grid = bwd_window_grid<T, kTpr, kNv>(p, grid_within_workspace(int64_t{1} << 30, p));
-    if (grid < 1) return cudaErrorInvalidValue;
-    const int period = window_period(p.cols, kVec<T, 16>);
-    const bool vector = same_lead(p.x, {p.dy, p.dx});
-    if (const cudaError_t err = launch_pdl(kernel, static_cast<unsigned>(grid), kBwdBlock, smem, stream, p, period,
-                                           vector);
-        err != cudaSuccess)
-      return err;
-    return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(grid), stream);
+    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) {
+      return cudaErrorInvalidValue;  // supports() said no
+    } else {
+      constexpr auto kernel = bwd_window_kernel<T, kTpr, kNv, kSmemSums>;
+      const std::size_t smem = bwd_window_smem<T, kTpr, kNv, kSmemSums>();
+      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+      const int64_t grid = bwd_window_grid<T, kTpr, kNv, kSmemSums>(p, grid_within_workspace(int64_t{1} << 30, p));
+      if (grid < 1) return cudaErrorInvalidValue;
+      const int period = window_period(p.cols, kVec<T, 16>);
+      const bool vector = same_lead(p.x, {p.dy, p.dx});
+      if (const cudaError_t err = launch_pdl(kernel, static_cast<unsigned>(grid),
+                                             bwd_window_block<T, kNv, kSmemSums>(), smem, stream, p, period, vector);
+          err != cudaSuccess)
+        return err;
+      return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(grid), stream);
+    }
   });
 }
 
 #define HFNN_WINDOW(TPR)                                                              \
   template bool fwd_window_supports<TPR>(const FwdParams&);                           \
   template cudaError_t fwd_window_run<TPR>(const FwdParams&, cudaStream_t);           \
-  template bool bwd_window_supports<TPR>(const BwdParams&);                           \
-  template std::size_t bwd_window_workspace<TPR>(const BwdParams&);                   \
-  template cudaError_t bwd_window_run<TPR>(const BwdParams&, cudaStream_t);
+  template bool bwd_window_supports<TPR, false>(const BwdParams&);                    \
+  template std::size_t bwd_window_workspace<TPR, false>(const BwdParams&);            \
+  template cudaError_t bwd_window_run<TPR, false>(const BwdParams&, cudaStream_t);    \
+  template bool bwd_window_supports<TPR, true>(const BwdParams&);                     \
+  template std::size_t bwd_window_workspace<TPR, true>(const BwdParams&);             \
+  template cudaError_t bwd_window_run<TPR, true>(const BwdParams&, cudaStream_t);
 HFNN_WINDOW(4)
 HFNN_WINDOW(8)
 HFNN_WINDOW(16)

@@ -166,8 +166,8 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     every variant that says yes matches float64; the row-register variants, which take the widest
     access the rows allow, say yes to every such row of up to 256 columns, the wide ones to rows of
     1,024 to 4,096 aligned to 4 bytes or more, and the window variants to every row not 16-byte
-    aligned up to 2,041 columns in 16-bit (1,021 in float32), and bwd_block_win to exactly the rows
-    aligned to one element. x and dy sit at the offset and dx is
+    aligned up to 2,041 columns in 16-bit (1,021 in float32), bwd_win_tpr32_smem to those of more
+    than 8 elements a lane, and bwd_block_win to exactly the rows aligned to one element. x and dy sit at the offset and dx is
     fresh, so the window variants' element-at-a-time path for tensors of another lead runs here."""
     variants = hfnn.layer_norm_variants()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} offsets".encode()))
@@ -195,6 +195,12 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
             vec = 16 // dtype.itemsize
             if ((cols * dtype.itemsize) % 16 or (offset * dtype.itemsize) % 16) and cols + vec - 1 <= 32 * 8 * vec:
                 takers += ("fwd_win_tpr32", "bwd_win_tpr32")
+                # Its _smem twin exactly where a lane holds more than 8 elements (below, the plain one).
+                packs = -(-(cols + vec - 1) // (32 * vec))
+                if packs * vec > 8:
+                    takers += ("bwd_win_tpr32_smem",)
+                elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, "bwd_win_tpr32_smem"):
+                    failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: bwd_win_tpr32_smem takes {packs} packs")
             # bwd_block_win takes exactly the rows aligned to one element (odd widths, odd offsets);
             # wider-aligned rows are bwd_block's.
             element_only = cols % 2 == 1 or offset % 2 == 1
