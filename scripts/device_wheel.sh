@@ -2,8 +2,11 @@
 # Builds, on this (CPU) machine, what scripts/device_run.sh installs on the GPU machine: the hfnn
 # wheel (py3-none: one wheel for every Python, built against this machine's torch, which must be
 # the GPU machine's version) and the C++ test binary, into .devbuild/ (git-ignored; carry it).
-# The test binary is stripped and gzipped (16 MB): with the wheel (33 MB) and .deps (9 MB) it fits
-# the device tool's 64 MiB carry; device_run.sh unpacks it.
+# The GPU machines are Hopper (H100, H200): both are built for sm_90 only, in a build directory of
+# their own (build/device-sm90; the installed package keeps 80-virtual;90), which leaves out the
+# compute_80 PTX that made up most of the op library (a 45 MB wheel and a 22 MB gzipped test binary
+# on 2026-11-26, over the 64 MiB carry together). The test binary is stripped and gzipped;
+# device_run.sh unpacks it.
 #   --lstm-phases  also a test binary whose persistent LSTM kernels time their phases
 #                  (CMake option HFNN_LSTM_PHASES, a diagnostic: device_run.sh stage lstm-phases);
 #                  the build directory is set back after it. Carry .devbuild alone then (66 MB
@@ -37,6 +40,8 @@ for arg in "$@"; do
     *) echo "scripts/device_wheel.sh: unknown option $arg (--lstm-phases and --baseline are the options)" >&2; exit 2 ;;
   esac
 done
+device_settings=(--config-settings=build-dir=build/device-sm90 --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90
+  --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF)
 if [ "$baseline" = 1 ]; then
   if git diff --quiet HEAD --; then
     echo "scripts/device_wheel.sh: --baseline: no uncommitted changes to tracked files, so no baseline to build (HEAD is the tree)" >&2
@@ -46,18 +51,16 @@ if [ "$baseline" = 1 ]; then
   # The changes come back whatever happens to the baseline's build.
   trap 'git stash pop --quiet || echo "scripts/device_wheel.sh: git stash pop failed: your changes are in git stash list" >&2' EXIT
   rm -rf build/devbuild_base && mkdir -p build/devbuild_base
-  python3 -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF \
-    -w build/devbuild_base .
+  python3 -m pip wheel -q --no-build-isolation --no-deps "${device_settings[@]}" -w build/devbuild_base .
   git stash pop --quiet
   trap - EXIT
   echo "built the baseline (HEAD $(git rev-parse --short HEAD)) into build/devbuild_base/"
 fi
 rm -rf .devbuild && mkdir -p .devbuild
-python3 -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF -w .devbuild .
-# The build directory pip just used: the newest one (a stale one of another Python may sit beside it).
-build=$(ls -dt build/py3-none-* 2>/dev/null | head -n 1)
-if [ -z "$build" ] || [ ! -x "$build/hfnn_kernel_tests" ]; then
-  echo "scripts/device_wheel.sh: no test binary under build/py3-none-*: the build made none (GoogleTest missing? run scripts/setup.sh)" >&2
+python3 -m pip wheel -q --no-build-isolation --no-deps "${device_settings[@]}" -w .devbuild .
+build=build/device-sm90
+if [ ! -x "$build/hfnn_kernel_tests" ]; then
+  echo "scripts/device_wheel.sh: no test binary in $build: the build made none (GoogleTest missing? run scripts/setup.sh)" >&2
   exit 1
 fi
 strip -o .devbuild/hfnn_kernel_tests "$build/hfnn_kernel_tests" && gzip -f .devbuild/hfnn_kernel_tests

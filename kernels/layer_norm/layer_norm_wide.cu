@@ -31,6 +31,7 @@
 #include <cooperative_groups.h>
 
 #include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_param_sums.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
 
 namespace hfnn::kernels::layer_norm {
@@ -125,15 +126,6 @@ __device__ __forceinline__ void opaque(Pack<T, kBytes>& v) {
   if constexpr (kBytes == 16) asm volatile("" : "+r"(v.raw.x), "+r"(v.raw.y), "+r"(v.raw.z), "+r"(v.raw.w));
   else if constexpr (kBytes == 8) asm volatile("" : "+r"(v.raw.x), "+r"(v.raw.y));
   else asm volatile("" : "+r"(v.raw));
-}
-
-// The backward's shared-memory sums (kSmemSums) are read and written kW floats at a time (kW the
-// floats of an access, at most 4): float4, float2 or float.
-template <int kW>
-using SumVec = std::conditional_t<kW == 4, float4, std::conditional_t<kW == 2, float2, float>>;
-template <int kW>
-__device__ __forceinline__ float& sum_lane(SumVec<kW>& v, int k) {
-  return reinterpret_cast<float*>(&v)[k];
 }
 
 // Sum over the row-group (blockDim.x threads, whole warps): shuffles, then the group's warps in a
@@ -466,23 +458,9 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
       }
       // rows past the end add 0 to dgamma and dbeta: dy is 0 there
       if constexpr (kSmemSums) {
-#pragma unroll
-        for (int j = 0; j < kQ; ++j) {
-          Sum g = slot(i, j), b = slot(i, kQ + j);
-#pragma unroll
-          for (int k = 0; k < kW; ++k) {
-            sum_lane<kW>(g, k) = fmaf(dv[kW * j + k], xhat[kW * j + k], sum_lane<kW>(g, k));
-            sum_lane<kW>(b, k) += dv[kW * j + k];
-          }
-          slot(i, j) = g;
-          slot(i, kQ + j) = b;
-        }
+        add_param_sums<kV, kW>([&](int j) -> Sum& { return slot(i, j); }, dv, xhat);
       } else {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          dg[i][k] = fmaf(dv[k], xhat[k], dg[i][k]);
-          db[i][k] += dv[k];
-        }
+        add_param_sums(dg[i], db[i], dv, xhat);
       }
     }
     if (!p.dx) continue;  // uniform over the grid

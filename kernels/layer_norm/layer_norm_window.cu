@@ -33,6 +33,7 @@
 #include <numeric>
 
 #include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_param_sums.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
 #include "kernels/layer_norm/layer_norm_window.cuh"
 
@@ -415,23 +416,9 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
         sum_gx = fmaf(g, xhat[k], sum_gx);
       }
       if constexpr (kSmemSums) {
-#pragma unroll
-        for (int j = 0; j < kQ; ++j) {
-          float4 g = slot(i, j), b = slot(i, kQ + j);
-          g.x = fmaf(dv[4 * j], xhat[4 * j], g.x);
-          g.y = fmaf(dv[4 * j + 1], xhat[4 * j + 1], g.y);
-          g.z = fmaf(dv[4 * j + 2], xhat[4 * j + 2], g.z);
-          g.w = fmaf(dv[4 * j + 3], xhat[4 * j + 3], g.w);
-          b.x += dv[4 * j], b.y += dv[4 * j + 1], b.z += dv[4 * j + 2], b.w += dv[4 * j + 3];
-          slot(i, j) = g;
-          slot(i, kQ + j) = b;
-        }
+        add_param_sums<kV, 4>([&](int j) -> float4& { return slot(i, j); }, dv, xhat);
       } else {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          dg[i][k] = fmaf(dv[k], xhat[k], dg[i][k]);
-          db[i][k] += dv[k];
-        }
+        add_param_sums(dg[i], db[i], dv, xhat);
       }
     }
     sum_g = group_sum<kTpr>(sum_g);
