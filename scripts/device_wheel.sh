@@ -2,15 +2,15 @@
 # Builds, on this (CPU) machine, what scripts/device_run.sh installs on the GPU machine: the hfnn
 # wheel (py3-none: one wheel for every Python, built against this machine's torch, which must be
 # the GPU machine's version) and the C++ test binary, into .devbuild/ (git-ignored; carry it).
-# The GPU machines are Hopper (H100, H200): both are built for sm_90 only, in a build directory of
-# their own (build/device-sm90; the installed package keeps 80-virtual;90), which leaves out the
-# compute_80 PTX that made up most of the op library (a 45 MB wheel and a 22 MB gzipped test binary
-# on 2026-11-26, over the 64 MiB carry together). The test binary is stripped and gzipped;
-# device_run.sh unpacks it.
+# The GPU machines are Hopper (H100, H200): both are built for sm_90 machine code alone (90-real: no
+# PTX), in a build directory of their own (build/device-sm90; the installed package keeps
+# 80-virtual;90), which leaves out the PTX that made up most of the op library (with it, a 45 MB
+# wheel and a 22 MB gzipped test binary on 2026-11-26, over the 64 MiB carry together). The test
+# binary is stripped and gzipped; device_run.sh unpacks it.
 #   --lstm-phases  also a test binary whose persistent LSTM kernels time their phases
 #                  (CMake option HFNN_LSTM_PHASES, a diagnostic: device_run.sh stage lstm-phases);
-#                  the build directory is set back after it. Carry .devbuild alone then (66 MB
-#                  with .deps is over the limit; .deps is only needed where the wheel does not load).
+#                  the build directory is set back after it. Carry .devbuild alone then (.deps is
+#                  only needed where the wheel does not load).
 #   --baseline     first the wheel of HEAD without this tree's uncommitted changes to tracked files
 #                  (git stash, build, git stash pop; the build directory is shared, so only what the
 #                  changes touch is rebuilt, twice), into build/devbuild_base/ (git-ignored). Both
@@ -40,7 +40,7 @@ for arg in "$@"; do
     *) echo "scripts/device_wheel.sh: unknown option $arg (--lstm-phases and --baseline are the options)" >&2; exit 2 ;;
   esac
 done
-device_settings=(--config-settings=build-dir=build/device-sm90 --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90
+device_settings=(--config-settings=build-dir=build/device-sm90 --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90-real
   --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF)
 if [ "$baseline" = 1 ]; then
   if git diff --quiet HEAD --; then

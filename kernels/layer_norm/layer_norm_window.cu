@@ -17,8 +17,9 @@
 //     Each block takes the rows of one residue class mod period: all its rows have the same lead,
 //     so a thread always holds the same columns at the same window positions, gamma (and beta) are
 //     staged once per block in shared memory by window position, and the dgamma/dbeta sums stay in
-//     registers as in bwd_regs. The fold maps positions back to columns when it writes the block's
-//     partial row; reduce_partials (layer_norm_bwd.cu) sums those in a fixed order as for the others.
+//     registers as in bwd_regs (in shared memory, by thread, in the _smem variants). The fold maps
+//     positions back to columns when it writes the block's partial row; reduce_partials
+//     (layer_norm_bwd.cu) sums those in a fixed order as for the others.
 //
 //     The other tensors (y; dy and dx) are read and written through the same window when they start
 //     at the same offset in their 16 bytes as x (fresh allocations all do); otherwise an element at
@@ -107,8 +108,10 @@ __device__ __forceinline__ ClassRows class_rows(int64_t rows, int period) {
 
 // ---- forward ---------------------------------------------------------------------------------------
 
-// Resident blocks the forward asks the compiler for: as many as fwd_regs gets from its registers for
-// the same elements a thread (the window's masks otherwise take it to 118-128 registers in 16-bit).
+// Resident blocks the forward asks the compiler for: up to 32 elements a thread as many as fwd_regs
+// gets from its registers for as many elements (the window's masks otherwise take it to 118-128
+// registers in 16-bit); 5 at 40 and 48 elements (5 or 6 packs of 16-bit: 88-95 registers, no
+// spill), which fwd_regs, in powers of two, never holds.
 constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : (elements <= 48 ? 5 : 4); }
 
 template <typename T, int kTpr, int kNv>
@@ -377,7 +380,9 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
       }
     }
   };
-  // (and at most 4 packs a lane: float32's 5 to 8 with the next row's too spilled at 128 registers)
+  // At most 4 packs a lane: float32's 5 to 8 with the next row's too spilled at the _smem variants'
+  // 128 registers. The plain variants (no such cap) prefetched float32's 8 before 2026-11-26 and were
+  // swept without it since; whether they gain it back is not measured yet.
   constexpr bool kPrefetch = window_prefetch(kNv * kV) && kNv <= 4;
   if constexpr (kPrefetch) {
     if (first < cr.rows) load_row(first);

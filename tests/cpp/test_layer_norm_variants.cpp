@@ -37,7 +37,8 @@ struct Shape {
 // widths (64, 128, 256, 384, 1024) at small row counts, and wide rows: past a warp (2048 and up),
 // past 48 KB of shared memory as float (12288 and up), past one block (65536), the widest tested
 // (262144, where only the block variants take fp32 backward). tests/python sweeps far more widths.
-// {11, 257}: odd rows that every window backward's _smem twin takes (3 packs a lane at tpr16).
+// {11, 257}: odd rows bwd_win_tpr16_smem takes (3 packs a lane), which no other shape reached; {7, 63}
+// reaches tpr4_smem and tpr8_smem, {11, 257} and {9, 1023} tpr32_smem.
 const std::vector<Shape> kShapes = {{1, 1},     {1, 8},     {7, 63},     {3, 64},    {33, 128},   {5, 256},
                                     {11, 257},  {17, 384},  {9, 1023},   {4, 1024},  {3, 2048},   {2, 4097},
                                     {1000, 64}, {257, 128}, {130, 1024}, {3, 6144},  {5, 12288},  {2, 12289},
