@@ -381,6 +381,7 @@ def summarize(records) -> str:
            "(CUDA-graph replay medians); % = achieved bytes/s over the copy; 'best' = the fastest variant (what "
            "`hfnn tune` picks); 'default' = hfnn's built-in choice (no tuned table), from its own run.\n"]
     verdicts = {"failed": [], "default_slower": [], "below_80": [], "behind_compile": []}
+    standing = []  # per dtype: bench/README's "where the best variant stands"
     for dtype in DTYPES:
         cases = {k: v for k, v in by_case(records).items() if k[1] == dtype and k[0] == "16M"}
         if not any(pick(v, "fwd") for v in cases.values()):
@@ -389,6 +390,8 @@ def summarize(records) -> str:
         out.append("| D | rows | torch fwd+bwd | torch.compile | best variant fwd+bwd (fwd / bwd) | best vs torch | "
                    "best vs compile | best % of copy fwd / bwd | torch % fwd / bwd |")
         out.append("|---|---|---|---|---|---|---|---|---|")
+        # (D, aligned, fwd %, bwd %, best vs torch, best vs compile or None)
+        rows = []
         for (size, _, shape), recs in sorted(cases.items(), key=lambda kv: kv[0][2][1]):
             # The best variant against torch of its own run (a default-check run has torch too).
             variant_runs = {r.get("run", 0) for r in recs if r["candidate"] not in REFERENCES}
@@ -406,11 +409,21 @@ def summarize(records) -> str:
                        f"{best_us:.1f} ({bf['candidate']} / {bb['candidate']}) | {torch_us / best_us:.2f}x | "
                        f"{f'{comp_us / best_us:.2f}x' if comp_us else '—'} | {pct(bf):.0%} / {pct(bb):.0%} | "
                        f"{pct(tf):.0%} / {pct(tb):.0%} |")
+            aligned = shape[1] * (4 if dtype == "float32" else 2) % 16 == 0
+            rows.append((shape[1], aligned, pct(bf), pct(bb), torch_us / best_us, comp_us / best_us if comp_us else None))
             label = f"D={shape[1]} {dtype}"
             if pct(bf) < 0.8 or pct(bb) < 0.8:
                 verdicts["below_80"].append(f"{label}: fwd {pct(bf):.0%}, bwd {pct(bb):.0%}")
             if comp_us and best_us >= comp_us:
                 verdicts["behind_compile"].append(f"{label}: {best_us:.1f} vs {comp_us:.1f} µs")
+        if rows:
+            standing.append(standing_row(dtype, rows))
+    if standing:
+        out.append("\n### Where the best variant stands (16M elements; % of copy over rows 16-byte aligned)\n")
+        out.append("| dtype | widths at >= 80%, fwd and bwd | forward at >= 80% | backward at >= 80% | best fwd / bwd "
+                   "range | fwd+bwd faster than torch.compile | best vs torch, median |")
+        out.append("|---|---|---|---|---|---|---|")
+        out += standing
     checks = default_checks(records)
     if checks:
         out.append("\n### The built-in choice against torch (fwd+bwd µs, same run)\n")
@@ -436,6 +449,24 @@ def summarize(records) -> str:
         out.append(f"- {'met' if not misses else f'**not met** ({len(misses)})'}: {title}")
         out += [f"  - {m}" for m in misses]
     return "\n".join(out) + "\n"
+
+
+def standing_row(dtype, rows) -> str:
+    """One dtype's line of summarize's standing table from its rows (D, 16-byte aligned, fwd % of
+    copy, bwd %, best vs torch, best vs torch.compile or None): the 80% counts and ranges over the
+    aligned widths (unaligned ones have their own kernels and verdicts), the torch.compile count and
+    the median against torch over every width."""
+    al = [r for r in rows if r[1]]
+    f80 = sum(1 for r in al if r[2] >= 0.8)
+    b80 = sum(1 for r in al if r[3] >= 0.8)
+    both = sum(1 for r in al if r[2] >= 0.8 and r[3] >= 0.8)
+    rng = (f"{min(r[2] for r in al):.0%}-{max(r[2] for r in al):.0%} / {min(r[3] for r in al):.0%}-"
+           f"{max(r[3] for r in al):.0%}") if al else "—"
+    timed = [r for r in rows if r[5] is not None]
+    wins = sum(1 for r in timed if r[5] > 1)
+    return (f"| {dtype} | {both} of {len(al)} | {f80} | {b80} | {rng} | "
+            f"{f'{wins} of {len(timed)}' if timed else 'not measured'} | "
+            f"{statistics.median(r[4] for r in rows):.2f}x over {len(rows)} widths |")
 
 
 def compare(base, new) -> str:

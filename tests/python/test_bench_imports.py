@@ -90,3 +90,32 @@ def test_layer_norm_sweep_compare_reads_two_runs(tmp_path):
     bad = subprocess.run([sys.executable, script, "--compare", str(tmp_path / "missing.json"), str(tmp_path / "new.json")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_layer_norm_sweep_summary_states_where_the_best_variant_stands(monkeypatch):
+    """`--summarize`'s standing table (bench/README's "where the best variant stands") comes from the
+    records: 80% counts and ranges over the 16-byte-aligned widths only, the torch.compile count and
+    the median against torch over every width."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the script imports its folder's _bench
+    spec = importlib.util.spec_from_file_location("layer_norm_sweep", ROOT / "bench" / "layer_norm_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+
+    def rec(candidate, d, pass_, us, pct):
+        return {"gpu": "G", "torch": "t", "date": "d", "size": "16M", "dtype": "bfloat16", "pass": pass_,
+                "candidate": candidate, "shape": [1 << 24 // d, d], "median_us": us, "copy_TBps": 1.0,
+                "achieved_TBps": pct}
+
+    records = []
+    # D = 1024 (aligned): the variant at 85% / 70%, faster than torch (4x) and than torch.compile
+    # D = 1023 (not aligned): 40% / 40%, not counted in the 80% columns; behind torch.compile
+    for d, (fp, bp), (vf, vb), (cf, cb), (tf, tb) in [(1024, (0.85, 0.70), (10, 20), (15, 25), (40, 80)),
+                                                       (1023, (0.40, 0.40), (30, 40), (20, 30), (60, 80))]:
+        records += [rec("fwd_v", d, "fwd", vf, fp), rec("bwd_v", d, "bwd", vb, bp),
+                    rec("torch.compile", d, "fwd", cf, 0.5), rec("torch.compile", d, "bwd", cb, 0.5),
+                    rec("torch", d, "fwd", tf, 0.2), rec("torch", d, "bwd", tb, 0.2)]
+    out = sweep.summarize(records)
+    line = next(l for l in out.splitlines() if l.startswith("| bfloat16 |"))
+    # aligned: 1 width, fwd at 85% (counted), bwd at 70% (not); compile beaten at 1024 only; medians of
+    # torch/best: 1024 -> 120/30 = 4.0, 1023 -> 140/70 = 2.0: median 3.0
+    assert line == "| bfloat16 | 0 of 1 | 1 | 0 | 85%-85% / 70%-70% | 1 of 2 | 3.00x over 2 widths |", out
