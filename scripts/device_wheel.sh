@@ -40,7 +40,8 @@ for arg in "$@"; do
     *) echo "scripts/device_wheel.sh: unknown option $arg (--lstm-phases and --baseline are the options)" >&2; exit 2 ;;
   esac
 done
-device_settings=(--config-settings=build-dir=build/device-sm90 --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90-real
+build=build/device-sm90
+device_settings=(--config-settings=build-dir=$build --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90-real
   --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF)
 if [ "$baseline" = 1 ]; then
   if git diff --quiet HEAD --; then
@@ -58,7 +59,6 @@ if [ "$baseline" = 1 ]; then
 fi
 rm -rf .devbuild && mkdir -p .devbuild
 python3 -m pip wheel -q --no-build-isolation --no-deps "${device_settings[@]}" -w .devbuild .
-build=build/device-sm90
 if [ ! -x "$build/hfnn_kernel_tests" ]; then
   echo "scripts/device_wheel.sh: no test binary in $build: the build made none (GoogleTest missing? run scripts/setup.sh)" >&2
   exit 1

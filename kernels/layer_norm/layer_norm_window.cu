@@ -476,39 +476,38 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
         dst[col] = s;
       }
     }
-    return;
   } else {
-  // Fold: lanes l, l + kTpr, ... of a warp hold the same window positions (one lead a block), then
-  // the warps' rows in shared memory in a fixed order, written out by column.
+    // Fold: lanes l, l + kTpr, ... of a warp hold the same window positions (one lead a block), then
+    // the warps' rows in shared memory in a fixed order, written out by column.
 #pragma unroll
-  for (int offset = kTpr; offset < 32; offset <<= 1) {
+    for (int offset = kTpr; offset < 32; offset <<= 1) {
 #pragma unroll
-    for (int i = 0; i < kNv; ++i)
+      for (int i = 0; i < kNv; ++i)
 #pragma unroll
-      for (int k = 0; k < kV; ++k) {
-        dg[i][k] += __shfl_xor_sync(0xffffffffu, dg[i][k], offset);
-        db[i][k] += __shfl_xor_sync(0xffffffffu, db[i][k], offset);
-      }
-  }
-  for (int which = 0; which < 2; ++which) {
-    if (group_in_warp == 0) {
-#pragma unroll
-      for (int i = 0; i < kNv; ++i) {
-        const int pos = (i * kTpr + lane) * kV;
-#pragma unroll
-        for (int k = 0; k < kV; ++k) fold[warp * kPositions + pos + k] = which == 0 ? dg[i][k] : db[i][k];
-      }
+        for (int k = 0; k < kV; ++k) {
+          dg[i][k] += __shfl_xor_sync(0xffffffffu, dg[i][k], offset);
+          db[i][k] += __shfl_xor_sync(0xffffffffu, db[i][k], offset);
+        }
     }
-    __syncthreads();
-    float* dst = partials + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * cols;
-    for (int col = threadIdx.x; col < cols; col += kBlock) {
-      float s = 0.f;
+    for (int which = 0; which < 2; ++which) {
+      if (group_in_warp == 0) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += fold[w * kPositions + col + lead];
-      dst[col] = s;
+        for (int i = 0; i < kNv; ++i) {
+          const int pos = (i * kTpr + lane) * kV;
+#pragma unroll
+          for (int k = 0; k < kV; ++k) fold[warp * kPositions + pos + k] = which == 0 ? dg[i][k] : db[i][k];
+        }
+      }
+      __syncthreads();
+      float* dst = partials + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * cols;
+      for (int col = threadIdx.x; col < cols; col += kBlock) {
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += fold[w * kPositions + col + lead];
+        dst[col] = s;
+      }
+      __syncthreads();
     }
-    __syncthreads();
-  }
   }
 }
 
@@ -530,6 +529,16 @@ int64_t bwd_window_grid(const BwdParams& p, int64_t cap) {
                      p.rows, window_period(p.cols, kVec<T, 16>), block / kTpr, cap);
 }
 
+// with_window for the backward: `none` also where the _smem variant refuses the row (a lane holds
+// 8 elements or fewer; the plain variant takes those), so those instantiations are never made.
+template <int kTpr, bool kSmemSums, typename R, typename F>
+R with_bwd_window(DType dtype, int64_t cols, R none, F&& f) {
+  return with_window<kTpr>(dtype, cols, none, [&]<typename T, int kNv>() -> R {
+    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) return none;
+    else return f.template operator()<T, kNv>();
+  });
+}
+
 }  // namespace
 
 template <int kTpr, bool kSmemSums>
@@ -538,49 +547,38 @@ bool bwd_window_supports(const BwdParams& p) {
   const int elem = static_cast<int>(dtype_size(p.dtype));
   if (!elem_aligned({p.x, p.dy, p.dx, p.gamma}, elem)) return false;
   if (access_bytes(p.cols, elem, {p.x, p.dy, p.dx, p.gamma}) == 16) return false;  // the *_regs variants
-  return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
-    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) {
-      return false;
-    } else {
-      return fits(bwd_window_kernel<T, kTpr, kNv, kSmemSums>, bwd_window_block<T, kNv, kSmemSums>(),
-                  bwd_window_smem<T, kTpr, kNv, kSmemSums>(), p.device);
-    }
+  return with_bwd_window<kTpr, kSmemSums>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
+    return fits(bwd_window_kernel<T, kTpr, kNv, kSmemSums>, bwd_window_block<T, kNv, kSmemSums>(),
+                bwd_window_smem<T, kTpr, kNv, kSmemSums>(), p.device);
   });
 }
 
 template <int kTpr, bool kSmemSums>
 std::size_t bwd_window_workspace(const BwdParams& p) {
   if (!p.dgamma && !p.dbeta) return 0;
-  return with_window<kTpr>(p.dtype, p.cols, std::size_t{0}, [&]<typename T, int kNv>() -> std::size_t {
-    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) {
-      return 0;
-    } else {
-      return 2 * static_cast<std::size_t>(bwd_window_grid<T, kTpr, kNv, kSmemSums>(p, int64_t{1} << 30)) *
-             static_cast<std::size_t>(p.cols) * sizeof(float);
-    }
+  return with_bwd_window<kTpr, kSmemSums>(p.dtype, p.cols, std::size_t{0}, [&]<typename T, int kNv>() -> std::size_t {
+    return 2 * static_cast<std::size_t>(bwd_window_grid<T, kTpr, kNv, kSmemSums>(p, int64_t{1} << 30)) *
+           static_cast<std::size_t>(p.cols) * sizeof(float);
   });
 }
 
 template <int kTpr, bool kSmemSums>
 cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream) {
-  return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
-    if constexpr (kSmemSums && !bwd_window_smem_takes<T, kNv>()) {
-      return cudaErrorInvalidValue;  // supports() said no
-    } else {
-      constexpr auto kernel = bwd_window_kernel<T, kTpr, kNv, kSmemSums>;
-      const std::size_t smem = bwd_window_smem<T, kTpr, kNv, kSmemSums>();
-      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-      const int64_t grid = bwd_window_grid<T, kTpr, kNv, kSmemSums>(p, grid_within_workspace(int64_t{1} << 30, p));
-      if (grid < 1) return cudaErrorInvalidValue;
-      const int period = window_period(p.cols, kVec<T, 16>);
-      const bool vector = same_lead(p.x, {p.dy, p.dx});
-      if (const cudaError_t err = launch_pdl(kernel, static_cast<unsigned>(grid),
-                                             bwd_window_block<T, kNv, kSmemSums>(), smem, stream, p, period, vector);
-          err != cudaSuccess)
-        return err;
-      return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(grid), stream);
-    }
-  });
+  return with_bwd_window<kTpr, kSmemSums>(
+      p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
+        constexpr auto kernel = bwd_window_kernel<T, kTpr, kNv, kSmemSums>;
+        const std::size_t smem = bwd_window_smem<T, kTpr, kNv, kSmemSums>();
+        if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+        const int64_t grid = bwd_window_grid<T, kTpr, kNv, kSmemSums>(p, grid_within_workspace(int64_t{1} << 30, p));
+        if (grid < 1) return cudaErrorInvalidValue;
+        const int period = window_period(p.cols, kVec<T, 16>);
+        const bool vector = same_lead(p.x, {p.dy, p.dx});
+        if (const cudaError_t err = launch_pdl(kernel, static_cast<unsigned>(grid),
+                                               bwd_window_block<T, kNv, kSmemSums>(), smem, stream, p, period, vector);
+            err != cudaSuccess)
+          return err;
+        return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(grid), stream);
+      });
 }
 
 #define HFNN_WINDOW(TPR)                                                              \
