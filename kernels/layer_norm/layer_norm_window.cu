@@ -55,10 +55,14 @@ int window_period(int64_t cols, int vec) {
 // 1,023 or 1,025 columns in 16-bit spans 129 or 130 packs of its window, 5 a lane at tpr32, where
 // the powers of two gave it 8 (forward: 127 registers a thread instead of 88, half the resident
 // warps; backward: half its packs and sums idle).
-int window_accesses(int64_t cols, int vec, int tpr) {
+// `wide`: also 9 or 10 (the float32 forward: rows of 1,021 to 1,277 columns at tpr32, which 8 packs
+// of 4 do not cover and fwd_block took at 58% of copy bandwidth against torch.compile's 71%).
+int window_accesses(int64_t cols, int vec, int tpr, bool wide = false) {
   const int64_t per = static_cast<int64_t>(vec) * tpr;
   const int64_t need = (cols + vec - 1 + per - 1) / per;
-  return need <= 6 ? static_cast<int>(need) : (need <= 8 ? 8 : 0);
+  if (need <= 6) return static_cast<int>(need);
+  if (need <= 8) return 8;
+  return wide && need <= 10 ? static_cast<int>(need) : 0;
 }
 
 // The lead of the rows of residue class `cls` (header comment): row cls's.
@@ -206,10 +210,17 @@ std::size_t fwd_window_smem() {
 }
 
 // Calls f.template operator()<T, kNv>() for the instantiation that fits the row; `none` where none
-// does (supports() said no).
-template <int kTpr, typename R, typename F>
+// does (supports() said no). kFp32Wide: float32 rows may take 9 or 10 packs a lane (the forward).
+template <int kTpr, bool kFp32Wide = false, typename R, typename F>
 R with_window(DType dtype, int64_t cols, R none, F&& f) {
   return dispatch_dtype(dtype, [&]<typename T>() -> R {
+    constexpr bool kWide = kFp32Wide && sizeof(T) == 4;
+    if constexpr (kWide) {
+      switch (window_accesses(cols, kVec<T, 16>, kTpr, true)) {
+        case 9: return f.template operator()<T, 9>();
+        case 10: return f.template operator()<T, 10>();
+      }
+    }
     switch (window_accesses(cols, kVec<T, 16>, kTpr)) {
       case 1: return f.template operator()<T, 1>();
       case 2: return f.template operator()<T, 2>();
@@ -257,14 +268,14 @@ bool fwd_window_supports(const FwdParams& p) {
   const int elem = static_cast<int>(dtype_size(p.dtype));
   if (!elem_aligned({p.x, p.y, p.gamma, p.beta}, elem)) return false;
   if (access_bytes(p.cols, elem, {p.x, p.y, p.gamma, p.beta}) == 16) return false;  // the *_regs variants
-  return with_window<kTpr>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
+  return with_window<kTpr, true>(p.dtype, p.cols, false, [&]<typename T, int kNv>() -> bool {
     return fits(fwd_window_kernel<T, kTpr, kNv>, kFwdBlock, fwd_window_smem<T, kTpr, kNv>(), p.device);
   });
 }
 
 template <int kTpr>
 cudaError_t fwd_window_run(const FwdParams& p, cudaStream_t stream) {
-  return with_window<kTpr>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
+  return with_window<kTpr, true>(p.dtype, p.cols, cudaErrorInvalidValue, [&]<typename T, int kNv>() -> cudaError_t {
     constexpr auto kernel = fwd_window_kernel<T, kTpr, kNv>;
     const std::size_t smem = fwd_window_smem<T, kTpr, kNv>();
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
