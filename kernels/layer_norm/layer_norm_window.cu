@@ -307,8 +307,20 @@ constexpr bool window_prefetch(int elements) { return elements <= 32; }
 // rows of more than 8 elements a lane (below that the sums fit registers and the plain variant runs).
 template <typename T, int kNv, bool kSmemSums>
 constexpr int bwd_window_block() { return kSmemSums ? 128 : kBwdBlock; }
+// The _smem variants ask for as many blocks as their shared memory lets reside, at most 4: at 8
+// packs of 16-bit (72 KB a block) 3, so the compiler may use 168 registers instead of spilling at
+// 128 for a fourth block that could never be resident (review of 607811b).
+template <typename T, int kNv>
+constexpr int bwd_window_smem_blocks() {
+  constexpr int kV = kVec<T, 16>, kPositionsMax = kNv * 32 * kV;  // tpr32's, the largest
+  constexpr int bytes = (kPositionsMax + 2 * kNv * kV * 128) * 4 + 1024;  // + the runtime's reserve
+  constexpr int fit = 227 * 1024 / bytes;
+  return fit < 1 ? 1 : (fit > 4 ? 4 : fit);
+}
 template <typename T, int kNv, bool kSmemSums>
-constexpr int bwd_window_min_blocks() { return kSmemSums ? 4 : window_min_blocks(kNv * kVec<T, 16>); }
+constexpr int bwd_window_min_blocks() {
+  return kSmemSums ? bwd_window_smem_blocks<T, kNv>() : window_min_blocks(kNv * kVec<T, 16>);
+}
 template <typename T, int kNv>
 constexpr bool bwd_window_smem_takes() { return kNv * kVec<T, 16> > 8; }
 
@@ -391,10 +403,9 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
       }
     }
   };
-  // At most 4 packs a lane: float32's 5 to 8 with the next row's too spilled at the _smem variants'
-  // 128 registers. The plain variants (no such cap) prefetched float32's 8 before 2026-11-26 and were
-  // swept without it since; whether they gain it back is not measured yet.
-  constexpr bool kPrefetch = window_prefetch(kNv * kV) && kNv <= 4;
+  // The _smem variants at most 4 packs a lane: float32's 5 to 8 with the next row's too spilled at
+  // their 128 registers. The plain ones (no such cap) prefetch up to 32 elements.
+  constexpr bool kPrefetch = window_prefetch(kNv * kV) && (!kSmemSums || kNv <= 4);
   if constexpr (kPrefetch) {
     if (first < cr.rows) load_row(first);
   }
