@@ -1,7 +1,8 @@
 // The backward's dgamma/dbeta sums of one access (kV elements a thread): dgamma += dy * xhat and
 // dbeta += dy, held in registers or, in the *_smem variants, in shared memory as vectors of kW
 // floats (float4, float2 or float: kW the floats of an access, at most 4). Shared by the wide and
-// window backward variants (layer_norm_wide.cu, layer_norm_window.cu).
+// window backward variants (layer_norm_wide.cu, layer_norm_window.cu); stage_gamma and
+// load_staged write and read gamma staged as floats (layer_norm_bwd.cu, layer_norm_wide.cu).
 #pragma once
 #include <type_traits>
 
@@ -42,6 +43,59 @@ __device__ __forceinline__ void add_param_sums(Slot&& slot, const float (&dv)[kV
     }
     slot(j) = g;
     slot(kQ + j) = b;
+  }
+}
+
+// gamma staged as floats in shared memory by the backward variants that read it there (a thread's
+// columns are the same on every row): element k of access a (kV elements an access, `accesses` of
+// them) sits in 16-byte chunk k / 4 of the access, and chunk j of every access comes before chunk
+// j + 1 of any. A warp reading chunk j of consecutive accesses reads consecutive 16 bytes: no bank
+// conflicts, where kV = 8 floats a thread side by side would be two-way. s is 16-byte aligned.
+template <int kV>
+__device__ __forceinline__ void store_staged(float* s, int64_t a, int64_t accesses, const float (&in)[kV]) {
+  if constexpr (kV % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kV / 4; ++j)
+      reinterpret_cast<float4*>(s)[j * accesses + a] = make_float4(in[4 * j], in[4 * j + 1], in[4 * j + 2], in[4 * j + 3]);
+  } else if constexpr (kV == 2) {
+    reinterpret_cast<float2*>(s)[a] = make_float2(in[0], in[1]);
+  } else {
+    s[a] = in[0];
+  }
+}
+
+template <int kV>
+__device__ __forceinline__ void load_staged(const float* s, int64_t a, int64_t accesses, float (&out)[kV]) {
+  if constexpr (kV % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kV / 4; ++j) {
+      const float4 f = reinterpret_cast<const float4*>(s)[j * accesses + a];
+      out[4 * j] = f.x, out[4 * j + 1] = f.y, out[4 * j + 2] = f.z, out[4 * j + 3] = f.w;
+    }
+  } else if constexpr (kV == 2) {
+    const float2 f = reinterpret_cast<const float2*>(s)[a];
+    out[0] = f.x, out[1] = f.y;
+  } else {
+    out[0] = s[a];
+  }
+}
+
+// Stages accesses [a0, a0 + n) of gamma (1 where there is none) into s, thread `tid` of `threads`
+// an access at a time. Called after a kernel has issued its first row's loads, which stay in flight
+// through it; the caller's barrier follows.
+template <typename T, int kBytes>
+__device__ __forceinline__ void stage_gamma(float* s, const T* gamma, int64_t a0, int64_t n, int64_t accesses,
+                                            int tid, int threads) {
+  constexpr int kV = kVec<T, kBytes>;
+  for (int64_t a = tid; a < n; a += threads) {
+    float g[kV];
+    if (gamma) {
+      unpack(load_pack<T, kBytes>(gamma + (a0 + a) * kV), g);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) g[k] = 1.f;
+    }
+    store_staged(s, a, accesses, g);
   }
 }
 

@@ -356,8 +356,9 @@ template <typename T, int kNv, int kBytes, bool kSmemSums = false>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part) {
-  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order; kSmemSums: the sums above.
-  extern __shared__ float fold[];
+  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order (kSmemSums: the sums above);
+  // then [part * kV]: gamma for the block's columns as floats (bwd_smem_bytes).
+  extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kW = kV < 4 ? kV : 4;    // floats of a sum vector
   constexpr int kQ = kV / kW;            // sum vectors of an access's dgamma (and of its dbeta)
@@ -383,7 +384,11 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
 
   // A thread owns the same columns for the whole kernel: dgamma/dbeta summed in registers (in its
-  // shared-memory slots with kSmemSums). gamma is read where used (L1 holds a block's part of it).
+  // shared-memory slots with kSmemSums). gamma is converted once, by the block, into shared memory
+  // as floats (1 where there is none), and read there twice a row: no global load, unpack or null
+  // test a row.
+  float* const gamma_s =
+      fold + (kSmemSums ? kStride * kNv * kV * 2 : (blockDim.y > 1 ? static_cast<int64_t>(part) * kV : 0));
   float dg[kSmemSums ? 1 : kNv][kV], db[kSmemSums ? 1 : kNv][kV];
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
@@ -395,14 +400,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
       for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
     }
   }
-  auto gamma_of = [&](int64_t a, float (&out)[kV]) {
-    if (gamma) {
-      unpack(load_pack<T, kBytes>(gamma + a * kV), out);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kV; ++k) out[k] = 1.f;
-    }
-  };
+  auto gamma_of = [&](int64_t a, float (&out)[kV]) { load_staged(gamma_s, a - a0, part, out); };
 
   // The group's row starting at row0, as loaded: x, dy, mean and rstd (zeros past the end).
   Pack<T, kBytes> next_x[kNv], next_dy[kNv];
@@ -427,6 +425,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   };
   const int64_t first = cid * blockDim.y;
   if (first < p.rows) load(first);
+  stage_gamma<T, kBytes>(gamma_s, gamma, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);  // loads in flight
+  __syncthreads();
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
     Pack<T, kBytes> xs[kNv], ds[kNv];
@@ -627,11 +627,13 @@ int bwd_bytes(const BwdParams& p) {
   return wide_access_bytes(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
 }
 
-std::size_t bwd_fold_bytes(const WideShape& s, DType dtype, bool smem_sums = false) {
+// The backward's shared memory: its sums or fold, then gamma as floats for the block's columns.
+std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums = false) {
   const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
+  const std::size_t gamma = static_cast<std::size_t>(s.part) * vec * sizeof(float);
   if (smem_sums)  // 2 x nv x vec float sums for each thread of the largest block (the slots' stride)
-    return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float);
-  return s.rows > 1 ? static_cast<std::size_t>(s.part) * vec * sizeof(float) : 0;
+    return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float) + gamma;
+  return (s.rows > 1 ? static_cast<std::size_t>(s.part) * vec * sizeof(float) : 0) + gamma;
 }
 
 // Clusters of the backward's persistent grid: enough for every row-group, no more than fit at once,
@@ -644,7 +646,7 @@ template <typename K>
 int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster, bool smem_sums) {
   const int64_t needed = (p.rows + s.rows - 1) / s.rows;
   const int64_t resident =
-      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, bwd_fold_bytes(s, p.dtype, smem_sums),
+      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, bwd_smem_bytes(s, p.dtype, smem_sums),
                         cluster, p.device);
   const int64_t traffic_cap = p.rows * static_cast<int64_t>(dtype_size(p.dtype)) / 16;
   const int64_t fill = (p.device.sm_count + cluster - 1) / cluster;
@@ -693,7 +695,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(p.cols, p.dtype, s, kCluster)) return false;
-  const std::size_t smem = bwd_fold_bytes(s, p.dtype, kSmemSums);
+  const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, s, smem, kCluster, p.device)
                       ? cudaSuccess
@@ -729,7 +731,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
     }
-    const std::size_t smem = bwd_fold_bytes(s, p.dtype, kSmemSums);
+    const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
     const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster, kSmemSums), p);
     if (clusters < 1) return cudaErrorInvalidValue;
