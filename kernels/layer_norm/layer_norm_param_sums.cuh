@@ -51,6 +51,13 @@ __device__ __forceinline__ void add_param_sums(Slot&& slot, const float (&dv)[kV
 // them) sits in 16-byte chunk k / 4 of the access, and chunk j of every access comes before chunk
 // j + 1 of any. A warp reading chunk j of consecutive accesses reads consecutive 16 bytes: no bank
 // conflicts, where kV = 8 floats a thread side by side would be two-way. s is 16-byte aligned.
+// Where store_staged and load_staged keep element k of access a.
+template <int kV>
+__device__ __forceinline__ int64_t staged_index(int64_t a, int k, int64_t accesses) {
+  if constexpr (kV <= 4) return a * kV + k;
+  else return ((k / 4) * accesses + a) * 4 + k % 4;
+}
+
 template <int kV>
 __device__ __forceinline__ void store_staged(float* s, int64_t a, int64_t accesses, const float (&in)[kV]) {
   if constexpr (kV % 4 == 0) {

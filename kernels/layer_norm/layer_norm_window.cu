@@ -72,7 +72,8 @@ __device__ __forceinline__ int window_lead(const void* x, int64_t cols, int cls)
 }
 
 // gamma (or 1) and beta (or 0) by window position into shared memory as S (float, or T as loaded:
-// exact either way), 0 outside the row.
+// exact either way), 0 outside the row. The forward's; the backward stages gamma as floats in
+// load_staged's layout (bwd_window_kernel).
 template <typename T, typename S>
 __device__ __forceinline__ void stage_params(const T* gamma, const T* beta, S* gw, S* bw, int positions, int lead,
                                              int cols) {
@@ -81,16 +82,6 @@ __device__ __forceinline__ void stage_params(const T* gamma, const T* beta, S* g
     const bool in = c >= 0 && c < cols;
     gw[q] = from_float<S>(in ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f);
     if (bw) bw[q] = from_float<S>(in && beta ? to_float(beta[c]) : 0.f);
-  }
-}
-
-// V floats of a staged parameter at window position pos (a multiple of V: 16-byte aligned).
-template <int kV>
-__device__ __forceinline__ void staged(const float* s, int pos, float (&out)[kV]) {
-#pragma unroll
-  for (int k = 0; k < kV; k += 4) {
-    const float4 f = *reinterpret_cast<const float4*>(s + pos + k);
-    out[k] = f.x, out[k + 1] = f.y, out[k + 2] = f.z, out[k + 3] = f.w;
   }
 }
 
@@ -354,9 +345,6 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
   const bool want_params = p.dgamma || p.dbeta;
   wait_for_previous_grid();
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
-  stage_params<T, float>(static_cast<const T*>(p.gamma), nullptr, gw, nullptr, kPositions, lead, cols);
-  __syncthreads();
-
   float dg[kSmemSums ? 1 : kNv][kV], db[kSmemSums ? 1 : kNv][kV], held_gamma[kHoldGamma ? kNv : 1][kV];
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
@@ -367,14 +355,29 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
 #pragma unroll
       for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
     }
-    if constexpr (kHoldGamma) staged<kV>(gw, (i * kTpr + lane) * kV, held_gamma[i]);
   }
+  // gamma by window position (0 outside the row), staged after the first row's loads are issued
+  // (below), in the layout of load_staged: 8 floats a thread side by side were two-way bank
+  // conflicts in 16-bit.
+  constexpr int kAccesses = kPositions / kV;
+  auto stage_gamma_by_position = [&]() {
+    const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+    for (int q = threadIdx.x; q < kPositions; q += kBlock) {
+      const int c = q - lead;
+      const bool in = c >= 0 && c < cols;
+      gw[staged_index<kV>(q / kV, q % kV, kAccesses)] = in ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kNv; ++i)
+      if constexpr (kHoldGamma) load_staged(gw, i * kTpr + lane, kAccesses, held_gamma[i]);
+  };
   auto gamma_of = [&](int i, float (&out)[kV]) {
     if constexpr (kHoldGamma) {
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = held_gamma[i][k];
     } else {
-      staged<kV>(gw, (i * kTpr + lane) * kV, out);
+      load_staged(gw, i * kTpr + lane, kAccesses, out);
     }
   };
 
@@ -409,6 +412,7 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
   if constexpr (kPrefetch) {
     if (first < cr.rows) load_row(first);
   }
+  stage_gamma_by_position();  // every thread: the barrier needs them all
 
   for (int64_t v0 = first; v0 < cr.rows; v0 += stride) {
     if constexpr (!kPrefetch) load_row(v0);
