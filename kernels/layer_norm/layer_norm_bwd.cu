@@ -97,7 +97,7 @@ constexpr bool regs_prefetch(int rows, int elements) { return rows == 1 && eleme
 template <typename T, int kTpr, int kNv, int kRows, int kBytes>
 __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec<T, kBytes>)) bwd_regs_kernel(const BwdParams p) {
   // [kRegsWarps][cols]: the fold at the end; until then, where gamma is not held in registers, its
-  // first row holds gamma as floats (1 where there is none).
+  // first cols floats hold gamma as floats (1 where there is none) in load_staged's layout.
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr;

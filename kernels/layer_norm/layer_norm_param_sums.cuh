@@ -1,8 +1,8 @@
 // The backward's dgamma/dbeta sums of one access (kV elements a thread): dgamma += dy * xhat and
 // dbeta += dy, held in registers or, in the *_smem variants, in shared memory as vectors of kW
 // floats (float4, float2 or float: kW the floats of an access, at most 4). Shared by the wide and
-// window backward variants (layer_norm_wide.cu, layer_norm_window.cu); stage_gamma and
-// load_staged write and read gamma staged as floats (layer_norm_bwd.cu, layer_norm_wide.cu).
+// window backward variants (layer_norm_wide.cu, layer_norm_window.cu); stage_gamma, staged_index
+// and load_staged write and read gamma staged as floats (the three backward files).
 #pragma once
 #include <type_traits>
 

@@ -356,8 +356,9 @@ template <typename T, int kNv, int kBytes, bool kSmemSums = false>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part) {
-  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order (kSmemSums: the sums above);
-  // then [part * kV]: gamma for the block's columns as floats (bwd_smem_bytes).
+  // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
+  // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
+  // for the block's columns as floats, in load_staged's layout (bwd_smem_bytes).
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kW = kV < 4 ? kV : 4;    // floats of a sum vector

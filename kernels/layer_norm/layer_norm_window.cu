@@ -3,7 +3,7 @@
 //
 //   fwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}_smem
 //     The row-register variants' layout (kTpr threads a row, the row in registers, 1 to 6 or 8
-//     packs a lane, a persistent grid, dgamma/dbeta summed in registers over the rows a thread
+//     packs a lane (9 or 10 in the float32 forward), a persistent grid, dgamma/dbeta summed in registers over the rows a thread
 //     visits; in shared memory in the _smem variants), but every access 16
 //     bytes wide whatever the row's alignment: a row is read through its WINDOW, the 16-byte-aligned
 //     span that covers it. The window starts `lead` elements before the row (0 to 7 in 16-bit, 0 to 3
@@ -29,7 +29,8 @@
 //     allow (2 bytes for odd widths in 16-bit: 8x the instructions and 1/8 the bytes an access), and
 //     up to 256-1,024 columns; past that the block variants (one block a row) take them. These say
 //     yes only to rows that are not all 16-byte aligned (aligned rows: the *_regs variants, the same
-//     code with lead 0), up to kTpr x 8 packs a row less one pack's lead.
+//     code with lead 0), up to kTpr x 8 packs a row less one pack's lead (x 10 in the float32
+//     forward).
 #include <algorithm>
 #include <numeric>
 
@@ -55,8 +56,9 @@ int window_period(int64_t cols, int vec) {
 // 1,023 or 1,025 columns in 16-bit spans 129 or 130 packs of its window, 5 a lane at tpr32, where
 // the powers of two gave it 8 (forward: 127 registers a thread instead of 88, half the resident
 // warps; backward: half its packs and sums idle).
-// `wide`: also 9 or 10 (the float32 forward: rows of 1,021 to 1,277 columns at tpr32, which 8 packs
-// of 4 do not cover and fwd_block took at 58% of copy bandwidth against torch.compile's 71%).
+// `wide`: also 9 or 10 (the float32 forward, every tpr: at tpr32 rows of 1,022 to 1,277 columns,
+// which 8 packs of 4 do not cover and fwd_block took at 58% of copy bandwidth against
+// torch.compile's 71%).
 int window_accesses(int64_t cols, int vec, int tpr, bool wide = false) {
   const int64_t per = static_cast<int64_t>(vec) * tpr;
   const int64_t need = (cols + vec - 1 + per - 1) / per;
@@ -288,7 +290,9 @@ constexpr int window_min_blocks(int elements) { return elements <= 8 ? 3 : 1; }
 constexpr bool window_prefetch(int elements) { return elements <= 32; }
 
 // bwd_win_tpr*_smem: each thread's dgamma/dbeta sums in shared memory instead of registers, as in
-// bwd_wide_c*_smem, in blocks of 128 threads asking for 4 resident (128 registers a thread). In
+// bwd_wide_c*_smem, in blocks of 128 threads asking for as many resident as their shared memory
+// allows, at most 4 (bwd_window_smem_blocks: 128 registers a thread, 3 blocks for 16-bit at 8
+// packs). In
 // registers the sums are 2 floats an element, and the kernel took 144-178 registers at 16 to 32
 // elements a lane and 254 at 64 (8 packs of bf16): one block of 8 warps an SM (Nsight Compute, H200,
 // 16,400 x 1,023 bf16 with 8 packs a lane: 12% achieved occupancy, DRAM at 35%). Measured against
