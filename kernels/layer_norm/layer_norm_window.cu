@@ -3,14 +3,15 @@
 //
 //   fwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}, bwd_win_tpr{4,8,16,32}_smem
 //     The row-register variants' layout (kTpr threads a row, the row in registers, 1 to 6 or 8
-//     packs a lane (9 or 10 in the float32 forward), a persistent grid, dgamma/dbeta summed in registers over the rows a thread
-//     visits; in shared memory in the _smem variants), but every access 16
-//     bytes wide whatever the row's alignment: a row is read through its WINDOW, the 16-byte-aligned
-//     span that covers it. The window starts `lead` elements before the row (0 to 7 in 16-bit, 0 to 3
-//     in float32); window position q is column q - lead. The packs at the window's two ends hold
-//     elements of the neighbouring rows (or bytes past the tensor inside the same 16 bytes, which a
-//     load cannot fault on: allocations are at least 256-byte aligned); they are zeroed on loading,
-//     and written back an element at a time, so no other row's element is ever stored.
+//     packs a lane (9 or 10 in the float32 forward), a persistent grid, dgamma/dbeta summed in
+//     registers over the rows a thread visits; in shared memory in the _smem variants), but every
+//     access 16 bytes wide whatever the row's alignment: a row is read through its WINDOW, the
+//     16-byte-aligned span that covers it. The window starts `lead` elements before the row (0 to 7
+//     in 16-bit, 0 to 3 in float32); window position q is column q - lead. The packs at the
+//     window's two ends hold elements of the neighbouring rows (or bytes past the tensor inside the
+//     same 16 bytes, which a load cannot fault on: allocations are at least 256-byte aligned); they
+//     are zeroed on loading, and written back an element at a time, so no other row's element is
+//     ever stored.
 //
 //     The lead of row r is (the first element's offset in its 16 bytes + r * cols) mod V (V elements a
 //     pack), so it repeats every `period` rows (V / gcd(cols mod V, V): 8 for odd widths in 16-bit).
