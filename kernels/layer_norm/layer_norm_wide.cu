@@ -84,11 +84,14 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   const int max_threads = smem_sums ? kSmemSumsMaxThreads : kMaxThreads;
   // Narrower accesses hold fewer bytes: the backward may take 8 of them, so that rows of 65,538
   // 16-bit columns (4-byte accesses) still fit 16 blocks; not 8 of 8 bytes with the sums in
-  // registers (ptxas, sm_90: 476 bytes of spill in bf16, 64 in float32).
+  // registers in 16-bit (ptxas, sm_90: 476 bytes of spill in bf16). float32 takes 8 of 8 bytes
+  // (ptxas: 64 bytes of spill): only where 4 would need over 512 threads in 16 blocks, rows of
+  // 65,538 columns and more 8-byte aligned, which no other wide kernel takes (bwd_block ran
+  // 65,538 at 8% of copy bandwidth, 0.81x torch, H200).
   const int max_nv = !backward ? 8
                      : bytes == 16 ? (smem_sums || dtype_size(dtype) == 4 ? 4 : 2)
-                     : (bytes == 4 || smem_sums) ? 8
-                                                 : 4;
+                     : (bytes == 4 || smem_sums || dtype_size(dtype) == 4) ? 8
+                                                                          : 4;
   const int preferred = backward ? 2 : 4;
   WideShape s;
   s.bytes = bytes;
@@ -598,7 +601,7 @@ cudaError_t with_wide(DType dtype, const WideShape& s, F&& f) {
               return f.template operator()<T, 4, kBytes>();
             break;
           case 8:
-            if constexpr (!kBackward || kBytes == 4 || (kBytes == 8 && kSmemSums))
+            if constexpr (!kBackward || kBytes == 4 || (kBytes == 8 && (kSmemSums || sizeof(T) == 4)))
               return f.template operator()<T, 8, kBytes>();
             break;
         }
