@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
     if (first < p.rows) load_rows(first);
   }
   if constexpr (!kHoldGamma) {  // with the first rows' loads in flight
-    stage_gamma<T, kBytes>(fold, gamma, 0, cols / kV, cols / kV, threadIdx.x, kRegsBlock);
+    stage_param<T, kBytes>(fold, gamma, 1.f, 0, cols / kV, cols / kV, threadIdx.x, kRegsBlock);
     __syncthreads();
   }
 

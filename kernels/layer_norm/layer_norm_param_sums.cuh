@@ -1,8 +1,8 @@
 // The backward's dgamma/dbeta sums of one access (kV elements a thread): dgamma += dy * xhat and
 // dbeta += dy, held in registers or, in the *_smem variants, in shared memory as vectors of kW
 // floats (float4, float2 or float: kW the floats of an access, at most 4). Shared by the wide and
-// window backward variants (layer_norm_wide.cu, layer_norm_window.cu); stage_gamma, staged_index
-// and load_staged write and read gamma staged as floats (the three backward files).
+// window backward variants (layer_norm_wide.cu, layer_norm_window.cu); stage_param, staged_index
+// and load_staged write and read gamma (and the wide forward's beta) staged as floats.
 #pragma once
 #include <type_traits>
 
@@ -87,20 +87,20 @@ __device__ __forceinline__ void load_staged(const float* s, int64_t a, int64_t a
   }
 }
 
-// Stages accesses [a0, a0 + n) of gamma (1 where there is none) into s, thread `tid` of `threads`
-// an access at a time. Called after a kernel has issued its first row's loads, which stay in flight
-// through it; the caller's barrier follows.
+// Stages accesses [a0, a0 + n) of a parameter (`missing` everywhere where there is none: 1 for
+// gamma, 0 for beta) into s, thread `tid` of `threads` an access at a time. Called after a kernel
+// has issued its first row's loads, which stay in flight through it; the caller's barrier follows.
 template <typename T, int kBytes>
-__device__ __forceinline__ void stage_gamma(float* s, const T* gamma, int64_t a0, int64_t n, int64_t accesses,
-                                            int tid, int threads) {
+__device__ __forceinline__ void stage_param(float* s, const T* param, float missing, int64_t a0, int64_t n,
+                                            int64_t accesses, int tid, int threads) {
   constexpr int kV = kVec<T, kBytes>;
   for (int64_t a = tid; a < n; a += threads) {
     float g[kV];
-    if (gamma) {
-      unpack(load_pack<T, kBytes>(gamma + (a0 + a) * kV), g);
+    if (param) {
+      unpack(load_pack<T, kBytes>(param + (a0 + a) * kV), g);
     } else {
 #pragma unroll
-      for (int k = 0; k < kV; ++k) g[k] = 1.f;
+      for (int k = 0; k < kV; ++k) g[k] = missing;
     }
     store_staged(s, a, accesses, g);
   }

@@ -22,13 +22,15 @@ constexpr BwdVariant bwd_regs(std::string_view name) {
           &bwd_regs_supports<kTpr, kRows>, &bwd_regs_workspace<kTpr, kRows>, &bwd_regs_run<kTpr, kRows>};
 }
 
-template <int kCluster>
+template <int kCluster, bool kStaged = false>
 constexpr FwdVariant fwd_wide(std::string_view name) {
   return {name,
-          kCluster == 1 ? "row in registers across a block of whole warps, summed through shared memory: wide rows"
-                        : "row split over the blocks of a thread-block cluster, sums met in distributed shared "
-                          "memory: the widest rows, few rows still fill the GPU (Hopper)",
-          &fwd_wide_supports<kCluster>, &fwd_wide_run<kCluster>};
+          kStaged ? "as fwd_wide_c*, on a persistent grid whose blocks convert gamma and beta once into shared "
+                    "memory as floats: many rows"
+          : kCluster == 1 ? "row in registers across a block of whole warps, summed through shared memory: wide rows"
+                          : "row split over the blocks of a thread-block cluster, sums met in distributed shared "
+                            "memory: the widest rows, few rows still fill the GPU (Hopper)",
+          &fwd_wide_supports<kCluster, kStaged>, &fwd_wide_run<kCluster, kStaged>};
 }
 
 // kSmem: each thread's dgamma/dbeta sums in shared memory instead of registers.
@@ -78,6 +80,11 @@ constexpr std::array kFwd = {
     fwd_wide<4>("fwd_wide_c4"),
     fwd_wide<8>("fwd_wide_c8"),
     fwd_wide<16>("fwd_wide_c16"),
+    fwd_wide<1, true>("fwd_wide_c1_ps"),
+    fwd_wide<2, true>("fwd_wide_c2_ps"),
+    fwd_wide<4, true>("fwd_wide_c4_ps"),
+    fwd_wide<8, true>("fwd_wide_c8_ps"),
+    fwd_wide<16, true>("fwd_wide_c16_ps"),
     fwd_window<4>("fwd_win_tpr4"),
     fwd_window<8>("fwd_win_tpr8"),
     fwd_window<16>("fwd_win_tpr16"),

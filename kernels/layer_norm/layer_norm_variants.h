@@ -24,8 +24,9 @@ template <bool kWindow> cudaError_t bwd_block_run(const BwdParams& p, cudaStream
 // Wide rows: a row held in registers across a whole block (kCluster 1), or split over the blocks
 // of a thread-block cluster (2 to 16, Hopper), the partial sums exchanged through distributed
 // shared memory (layer_norm_wide.cu).
-template <int kCluster> bool fwd_wide_supports(const FwdParams& p);
-template <int kCluster> cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream);
+// kStaged: a persistent grid whose blocks stage gamma and beta once as floats (fwd_wide_c*_ps).
+template <int kCluster, bool kStaged> bool fwd_wide_supports(const FwdParams& p);
+template <int kCluster, bool kStaged> cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream);
 // kSmemSums: the backward's dgamma/dbeta sums in shared memory instead of registers (more blocks
 // an SM and more bytes a thread in flight where those registers were the limit: 16-bit types).
 template <int kCluster, bool kSmemSums> bool bwd_wide_supports(const BwdParams& p);

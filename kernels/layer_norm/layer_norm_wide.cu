@@ -190,10 +190,16 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
   return w;
 }
 
-template <typename T, int kNv, int kBytes>
+// kStaged: a persistent grid's body (a block visits several row-groups): gamma (1 where there is
+// none) and beta (0) for the block's part of a row, converted once into shared memory as floats in
+// load_staged's layout after the first row's loads are issued (fwd_smem_bytes), then read on every
+// row. Otherwise every row reads them from global memory (one row-group a block: staging would be a
+// latency chain nothing hides).
+template <typename T, int kNv, int kBytes, bool kStaged>
 __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part) {
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
+  extern __shared__ __align__(16) float params[];  // kStaged: [part * kV] gamma, then beta
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -226,6 +232,12 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   Pack<T, kBytes> next[kNv];
   const int64_t first = cid * blockDim.y;
   if (first < p.rows) load(first, next);
+  if constexpr (kStaged) {  // with the first row's loads in flight
+    const int tid = group * blockDim.x + lane, threads = blockDim.x * blockDim.y;
+    stage_param<T, kBytes>(params, gamma, 1.f, a0, a1 - a0, part, tid, threads);
+    stage_param<T, kBytes>(params + part * kV, beta, 0.f, a0, a1 - a0, part, tid, threads);
+    __syncthreads();
+  }
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
     Pack<T, kBytes> cur[kNv];
@@ -289,7 +301,13 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
         unpack(cur[i], v);
 #pragma unroll
         for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
-        if (gamma) {
+        if constexpr (kStaged) {
+          float g[kV], b[kV];
+          load_staged(params, a - a0, part, g);
+          load_staged(params + part * kV, a - a0, part, b);
+#pragma unroll
+          for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+        } else if (gamma) {
           float g[kV];
           unpack(load_pack<T, kBytes>(gamma + a * kV), g);
           if (beta) {
@@ -327,18 +345,23 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 // 2,560 to 65,536). Everything else keeps the plain bound: the same cap on every dtype and on 1 to 4
 // accesses of any width moved register counts by a few either way (up, 40 -> 56, for fp16's 4-byte
 // accesses) and cost bf16 2-3% and fp16 4-byte rows (D = 6,402, 25,602) up to 25%.
-template <typename T, int kNv, int kBytes>
+// The staged body reads a row's gamma and beta ahead as floats (ptxas: 103-115 registers at 4
+// accesses of 16 bytes without a cap), so it runs under the cap up to 4 accesses a thread (64
+// registers, no spill); at 8 the cap spilled 24-184 bytes, and it keeps the plain bound.
+template <typename T, int kNv, int kBytes, bool kStaged>
 __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
-  fwd_wide_body<T, kNv, kBytes>(p, part);
+  fwd_wide_body<T, kNv, kBytes, kStaged>(p, part);
 }
-template <typename T, int kNv, int kBytes>
+template <typename T, int kNv, int kBytes, bool kStaged>
 __global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdParams p, const int64_t part) {
-  fwd_wide_body<T, kNv, kBytes>(p, part);
+  fwd_wide_body<T, kNv, kBytes, kStaged>(p, part);
 }
-template <typename T, int kNv, int kBytes>
+template <typename T, int kNv, int kBytes, bool kStaged = false>
 constexpr auto fwd_wide_entry() {
-  if constexpr (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16) return fwd_wide_kernel_two<T, kNv, kBytes>;
-  else return fwd_wide_kernel<T, kNv, kBytes>;
+  if constexpr ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16))
+    return fwd_wide_kernel_two<T, kNv, kBytes, kStaged>;
+  else
+    return fwd_wide_kernel<T, kNv, kBytes, kStaged>;
 }
 
 // Blocks of 512 threads the compiler must fit on an SM at once (a register cap): two where a thread
@@ -429,7 +452,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   };
   const int64_t first = cid * blockDim.y;
   if (first < p.rows) load(first);
-  stage_gamma<T, kBytes>(gamma_s, gamma, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);  // loads in flight
+  stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);  // loads in flight
   __syncthreads();
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
@@ -631,6 +654,12 @@ int bwd_bytes(const BwdParams& p) {
   return wide_access_bytes(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
 }
 
+// The staged forward's shared memory: gamma and beta as floats for the block's columns.
+std::size_t fwd_smem_bytes(const WideShape& s, DType dtype) {
+  return 2 * static_cast<std::size_t>(s.part) * (static_cast<std::size_t>(s.bytes) / dtype_size(dtype)) *
+         sizeof(float);
+}
+
 // The backward's shared memory: its sums or fold, then gamma as floats for the block's columns.
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums = false) {
   const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
@@ -662,34 +691,54 @@ int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int clust
 
 }  // namespace
 
-template <int kCluster>
+template <int kCluster, bool kStaged>
 bool fwd_wide_supports(const FwdParams& p) {
   const int bytes = fwd_bytes(p);
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(p.cols, p.dtype, s, kCluster)) return false;
+  const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(fwd_wide_entry<T, kNv, kBytes>(), s, 0, kCluster, p.device) ? cudaSuccess
-                                                                                       : cudaErrorInvalidValue;
+           return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged>(), s, smem, kCluster, p.device)
+                      ? cudaSuccess
+                      : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
-template <int kCluster>
+// kStaged (fwd_wide_c*_ps): a persistent grid of as many clusters as run at once (fewer where the
+// rows need fewer), each converting its part of gamma and beta once into shared memory for all the
+// row-groups it visits. Otherwise one cluster a row-group, each reading them from global memory as
+// it goes. Which wins depends on the rows a cluster visits and on the registers the staged body
+// takes: measured per shape (H200, 16M elements: the staged grid 1.07-1.3x from 12,288 columns and
+// 1.3-1.9x on 8-byte rows, 0.89-0.92x at 4,096-5,120 in one block and in float32 to 4,096, and
+// 0.7-0.8x on 8-byte rows of 1M elements), so both are variants and the sweep's data chooses.
+template <int kCluster, bool kStaged>
 cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const int bytes = fwd_bytes(p);
   if (!bytes) return cudaErrorInvalidValue;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = fwd_wide_entry<T, kNv, kBytes>();
+    auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged>();
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
     }
     const int64_t groups = (p.rows + s.rows - 1) / s.rows;
-    const int64_t clusters = groups < (int64_t{1} << 26) ? groups : (int64_t{1} << 26);
-    return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), 0, stream,
-                  kCluster, p, s.part);
+    if constexpr (kStaged) {
+      const std::size_t smem = fwd_smem_bytes(s, p.dtype);
+      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+      const int64_t resident =
+          resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device);
+      if (resident < 1) return cudaErrorInvalidValue;
+      const int64_t clusters = groups < resident ? groups : resident;
+      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                    kCluster, p, s.part);
+    } else {
+      const int64_t clusters = groups < (int64_t{1} << 26) ? groups : (int64_t{1} << 26);
+      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), 0, stream,
+                    kCluster, p, s.part);
+    }
   });
 }
 
@@ -748,8 +797,10 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
 }
 
 #define HFNN_WIDE(C)                                                           \
-  template bool fwd_wide_supports<C>(const FwdParams&);                        \
-  template cudaError_t fwd_wide_run<C>(const FwdParams&, cudaStream_t);        \
+  template bool fwd_wide_supports<C, false>(const FwdParams&);                 \
+  template cudaError_t fwd_wide_run<C, false>(const FwdParams&, cudaStream_t); \
+  template bool fwd_wide_supports<C, true>(const FwdParams&);                  \
+  template cudaError_t fwd_wide_run<C, true>(const FwdParams&, cudaStream_t);  \
   template bool bwd_wide_supports<C, false>(const BwdParams&);                 \
   template std::size_t bwd_wide_workspace<C, false>(const BwdParams&);         \
   template cudaError_t bwd_wide_run<C, false>(const BwdParams&, cudaStream_t); \
