@@ -44,35 +44,66 @@ std::size_t partials_bytes(int grid, int64_t cols) {
 }
 
 // Sums the per-block partial rows into dgamma (blockIdx.y == 0) and dbeta (1), 32 columns a block;
-// each of the 32 thread rows takes every 32nd partial row, then one fixed-order sum.
-template <typename T>
-__global__ void __launch_bounds__(1024) reduce_partials_kernel(const float* __restrict__ partials, int grid,
-                                                               int64_t cols, T* dgamma, T* dbeta) {
-  __shared__ float acc[32][33];
+// each of the kSlices thread rows takes every kSlices-th partial row in order, then one fixed-order
+// sum over the slices: the same order for a given partial-row count and width on every run. Fewer
+// slices (wide rows, few partial rows) take 8 loads in flight before their adds.
+template <typename T, int kSlices>
+__global__ void __launch_bounds__(32 * kSlices) reduce_partials_kernel(const float* __restrict__ partials, int grid,
+                                                                       int64_t cols, T* dgamma, T* dbeta) {
+  __shared__ float acc[kSlices][33];
   wait_for_previous_grid();  // the partials come from the kernel just before
   T* out = blockIdx.y == 0 ? dgamma : dbeta;
   if (out == nullptr) return;  // uniform over the block
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const float* __restrict__ src = partials + static_cast<int64_t>(blockIdx.y) * grid * cols;
   float s = 0.f;
-  if (c < cols)
-    for (int b = threadIdx.y; b < grid; b += 32) s += src[static_cast<int64_t>(b) * cols + c];
+  if (c < cols) {
+    int b = threadIdx.y;
+    if constexpr (kSlices < 32) {
+      for (; b + 7 * kSlices < grid; b += 8 * kSlices) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = src[static_cast<int64_t>(b + k * kSlices) * cols + c];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s += v[k];
+      }
+    }
+    for (; b < grid; b += kSlices) s += src[static_cast<int64_t>(b) * cols + c];
+  }
   acc[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     float total = 0.f;
 #pragma unroll
-    for (int k = 0; k < 32; ++k) total += acc[k][threadIdx.x];
+    for (int k = 0; k < kSlices; ++k) total += acc[k][threadIdx.x];
     out[c] = from_float<T>(total);
   }
 }
 
+// 32 slices, or as many as keep the launch within about two waves of full SMs (2 x cols x slices
+// threads), but not more than the partial rows need. Few partial rows over many columns (wide rows
+// split over clusters: 16-32 partial rows of 65,536 columns) took 32 slices of one row each in
+// thousands of blocks of 1,024 threads: 15.5 of a 61.8 us backward (H200, bf16, 256 x 65,536;
+// HFNN_LN_DIAG=skip on branch ln-diag-reduce).
 template <typename T>
 cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream) {
   if (!p.dgamma && !p.dbeta) return cudaSuccess;
+  const int64_t threads = 2 * static_cast<int64_t>(p.device.sm_count) * 2048;
+  int slices = 32;
+  while (slices > 1 && (2 * p.cols * slices > threads || slices / 2 >= grid)) slices /= 2;
   const dim3 blocks(static_cast<unsigned>((p.cols + 31) / 32), 2);
-  return launch_pdl(reduce_partials_kernel<T>, blocks, dim3(32, 32), 0, stream, partials, grid, p.cols,
-                    static_cast<T*>(p.dgamma), static_cast<T*>(p.dbeta));
+  auto run = [&]<int kSlices>() {
+    return launch_pdl(reduce_partials_kernel<T, kSlices>, blocks, dim3(32, kSlices), 0, stream, partials, grid,
+                      p.cols, static_cast<T*>(p.dgamma), static_cast<T*>(p.dbeta));
+  };
+  switch (slices) {
+    case 1: return run.template operator()<1>();
+    case 2: return run.template operator()<2>();
+    case 4: return run.template operator()<4>();
+    case 8: return run.template operator()<8>();
+    case 16: return run.template operator()<16>();
+    default: return run.template operator()<32>();
+  }
 }
 
 }  // namespace
