@@ -10,6 +10,11 @@
 //                               through distributed shared memory, one cluster barrier per row. The
 //                               widest rows fit (registers of up to 16 blocks), and few wide rows
 //                               still fill every SM: 1,365 rows of 12,288 make 1,365 x N blocks.
+//   fwd_wide_c{1,...,16}_ps     The forward on a persistent grid (as many clusters as run at once),
+//                               each block converting its part of gamma and beta once into shared
+//                               memory as floats: faster where a cluster visits many rows, slower
+//                               where it visits one or two (bench/README.md, "The staged persistent
+//                               forward as variants of its own"); the built-in choice's data decides.
 //   bwd_wide_c{1,...,16}_smem   The backward with each thread's dgamma/dbeta sums in shared memory
 //                               instead of registers: in 16-bit those float sums took more registers
 //                               than the packed x and dy, so a thread may now hold 4 accesses of each
@@ -66,7 +71,7 @@ int64_t accesses(int64_t cols, DType dtype, int bytes) {
 // Accesses per thread: forward 4 (64 bytes in flight, twice that with the next row's), fewer only
 // where the part has under a warp's worth of 4, 8 where 4 would need over 512 threads; backward 2
 // (it also holds float sums of dgamma and dbeta for every element it owns), 4 in float32 where a
-// row needs it. Rows of a block: as many as keep it near the measured best block size.
+// row needs it (8 where 4 would need over 512 threads: max_nv below). Rows of a block: as many as keep it near the measured best block size.
 // Measured on an H100 (16M elements, float32 and bfloat16, D = 1,024 to 65,536; bench/README.md,
 // "wide-row kernel notes"): forward blocks of about 128 threads (one row-group unless rows are
 // narrow) beat 256 and 512 by 5 to 17 points of copy bandwidth; backward blocks of about 256;
@@ -85,9 +90,11 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   // Narrower accesses hold fewer bytes: the backward may take 8 of them, so that rows of 65,538
   // 16-bit columns (4-byte accesses) still fit 16 blocks; not 8 of 8 bytes with the sums in
   // registers in 16-bit (ptxas, sm_90: 476 bytes of spill in bf16). float32 takes 8 of 8 bytes
-  // (ptxas: 64 bytes of spill): only where 4 would need over 512 threads in 16 blocks, rows of
-  // 65,538 columns and more 8-byte aligned, which no other wide kernel takes (bwd_block ran
-  // 65,538 at 8% of copy bandwidth, 0.81x torch, H200).
+  // (ptxas: 24-64 bytes of spill) where 4 would need over 512 threads a block, at every cluster
+  // size: 8-byte rows of 4,098-8,192 columns in one block, to 65,536 in 8 and past 65,536 in 16.
+  // Only the last were taken by no wide kernel before (bwd_block ran 65,538 at 8% of copy
+  // bandwidth, 0.81x torch, H200; bwd_wide_c16 now 155 us against its 622); below that the next
+  // cluster size took them at 4, and the sweep's data keeps choosing between them.
   const int max_nv = !backward ? 8
                      : bytes == 16 ? (smem_sums || dtype_size(dtype) == 4 ? 4 : 2)
                      : (bytes == 4 || smem_sums || dtype_size(dtype) == 4) ? 8
