@@ -13,13 +13,16 @@
 #                  only needed where the wheel does not load).
 #   --baseline     first the wheel of HEAD without this tree's uncommitted changes to tracked files
 #                  (git stash, build, git stash pop; the build directory is shared, so only what the
-#                  changes touch is rebuilt, twice), into build/devbuild_base/ (git-ignored). Both
-#                  wheels do not fit one carry: a same-machine A/B is two device calls back to back,
-#                  the second while the first's machine is still warm (its idle time is 30 s):
-#                    carry build/devbuild_base: rm -rf .devbuild && cp -r build/devbuild_base .devbuild &&
-#                      SWEEP_ARGS=... bash scripts/device_run.sh sweep; mkdir $OUT/base && mv $OUT/*.json $OUT/base/
-#                    carry .devbuild:           SWEEP_ARGS=... bash scripts/device_run.sh sweep
+#                  changes touch is rebuilt, twice), into build/devbuild_base/ (git-ignored), and its
+#                  op library alone, gzipped, into .devbuild/base_libhfnn_ops.so.gz. A same-machine
+#                  A/B is then one device call (carry .devbuild): device_run.sh's `ab` stage runs the
+#                  sweep ($SWEEP_ARGS) with that library swapped into the installed package, results
+#                  under $OUT/base, then with this build's, under $OUT:
+#                    SWEEP_CANDIDATES=variants SWEEP_ARGS="--variants ... --widths ..." bash scripts/device_run.sh ab
 #                  then here: python3 bench/layer_norm_sweep.py --compare BASE.json NEW.json
+#                  The Python package is this tree's in both runs: right for kernel changes. The test
+#                  binary is left out (the 64 MiB carry: wheel, baseline library and tree fit without
+#                  it); build again without --baseline for the gtest stages.
 set -euo pipefail
 cd "${HFNN_WHEEL_REPO:-$(dirname "$0")/..}"
 # --baseline stashes this very script with the rest of the changes, and bash reads a script as it
@@ -55,6 +58,7 @@ if [ "$baseline" = 1 ]; then
   python3 -m pip wheel -q --no-build-isolation --no-deps "${device_settings[@]}" -w build/devbuild_base .
   git stash pop --quiet
   trap - EXIT
+  unzip -p build/devbuild_base/hfnn-*.whl hfnn/libhfnn_ops.so | gzip -6 > build/devbuild_base/base_libhfnn_ops.so.gz
   echo "built the baseline (HEAD $(git rev-parse --short HEAD)) into build/devbuild_base/"
 fi
 rm -rf .devbuild && mkdir -p .devbuild
@@ -63,7 +67,11 @@ if [ ! -x "$build/hfnn_kernel_tests" ]; then
   echo "scripts/device_wheel.sh: no test binary in $build: the build made none (GoogleTest missing? run scripts/setup.sh)" >&2
   exit 1
 fi
-strip -o .devbuild/hfnn_kernel_tests "$build/hfnn_kernel_tests" && gzip -f .devbuild/hfnn_kernel_tests
+if [ "$baseline" = 1 ]; then
+  cp build/devbuild_base/base_libhfnn_ops.so.gz .devbuild/
+else
+  strip -o .devbuild/hfnn_kernel_tests "$build/hfnn_kernel_tests" && gzip -f .devbuild/hfnn_kernel_tests
+fi
 if [ "$phases" = 1 ]; then
   log=.devbuild/phases-build.log
   # CMake and Ninja print compiler errors on stdout: into the log, its tail shown on a failure.
