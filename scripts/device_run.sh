@@ -248,8 +248,12 @@ if want ab; then
     else
       echo "ab: could not unpack the baseline's library"; status=1
     fi
-    cp "$keep" "$so" && rm -f "$keep"
-    echo "== ab: this build"; sweep_to "$OUT" || status=1
+    if cp "$keep" "$so"; then
+      rm -f "$keep"
+      echo "== ab: this build"; sweep_to "$OUT" || status=1
+    else
+      echo "ab: could not put this build's library back ($keep): no second run"; status=1
+    fi
   fi
 fi
 if want sweep-align; then

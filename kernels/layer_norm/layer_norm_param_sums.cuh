@@ -47,9 +47,9 @@ __device__ __forceinline__ void add_param_sums(Slot&& slot, const float (&dv)[kV
 }
 
 // gamma (and the wide forward's beta) staged as floats in shared memory by the variants that read
-// them there (a thread's columns are the same on every row): element k of access a (kV elements an access, `accesses` of
-// them) sits in 16-byte chunk k / 4 of the access, and chunk j of every access comes before chunk
-// j + 1 of any. A warp reading chunk j of consecutive accesses reads consecutive 16 bytes: no bank
+// them there (a thread's columns are the same on every row): element k of access a (kV elements an
+// access, `accesses` of them) sits in 16-byte chunk k / 4 of the access, and chunk j of every access
+// comes before chunk j + 1 of any. A warp reading chunk j of consecutive accesses reads consecutive 16 bytes: no bank
 // conflicts, where kV = 8 floats a thread side by side would be two-way. s is 16-byte aligned.
 // Where store_staged and load_staged keep element k of access a.
 template <int kV>

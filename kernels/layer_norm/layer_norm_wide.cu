@@ -71,7 +71,8 @@ int64_t accesses(int64_t cols, DType dtype, int bytes) {
 // Accesses per thread: forward 4 (64 bytes in flight, twice that with the next row's), fewer only
 // where the part has under a warp's worth of 4, 8 where 4 would need over 512 threads; backward 2
 // (it also holds float sums of dgamma and dbeta for every element it owns), 4 in float32 where a
-// row needs it (8 where 4 would need over 512 threads: max_nv below). Rows of a block: as many as keep it near the measured best block size.
+// row needs it (8 where 4 would need over 512 threads: max_nv below). Rows of a block: as many as
+// keep it near the measured best block size.
 // Measured on an H100 (16M elements, float32 and bfloat16, D = 1,024 to 65,536; bench/README.md,
 // "wide-row kernel notes"): forward blocks of about 128 threads (one row-group unless rows are
 // narrow) beat 256 and 512 by 5 to 17 points of copy bandwidth; backward blocks of about 256;
@@ -673,7 +674,7 @@ std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums = fal
   const std::size_t gamma = static_cast<std::size_t>(s.part) * vec * sizeof(float);
   if (smem_sums)  // 2 x nv x vec float sums for each thread of the largest block (the slots' stride)
     return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float) + gamma;
-  return (s.rows > 1 ? static_cast<std::size_t>(s.part) * vec * sizeof(float) : 0) + gamma;
+  return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
 }
 
 // Clusters of the backward's persistent grid: enough for every row-group, no more than fit at once,
@@ -732,20 +733,17 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
         return err;
     }
     const int64_t groups = (p.rows + s.rows - 1) / s.rows;
+    std::size_t smem = 0;
+    int64_t most = int64_t{1} << 26;  // clusters a launch takes
     if constexpr (kStaged) {
-      const std::size_t smem = fwd_smem_bytes(s, p.dtype);
+      smem = fwd_smem_bytes(s, p.dtype);
       if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-      const int64_t resident =
-          resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device);
-      if (resident < 1) return cudaErrorInvalidValue;
-      const int64_t clusters = groups < resident ? groups : resident;
-      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                    kCluster, p, s.part);
-    } else {
-      const int64_t clusters = groups < (int64_t{1} << 26) ? groups : (int64_t{1} << 26);
-      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), 0, stream,
-                    kCluster, p, s.part);
+      most = resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device);
+      if (most < 1) return cudaErrorInvalidValue;
     }
+    const int64_t clusters = groups < most ? groups : most;
+    return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                  kCluster, p, s.part);
   });
 }
 

@@ -373,9 +373,10 @@ __global__ void __launch_bounds__(bwd_window_block<T, kNv, kSmemSums>(), bwd_win
       gw[staged_index<kV>(q / kV, q % kV, kAccesses)] = in ? (gamma ? to_float(gamma[c]) : 1.f) : 0.f;
     }
     __syncthreads();
+    if constexpr (kHoldGamma) {
 #pragma unroll
-    for (int i = 0; i < kNv; ++i)
-      if constexpr (kHoldGamma) load_staged(gw, i * kTpr + lane, kAccesses, held_gamma[i]);
+      for (int i = 0; i < kNv; ++i) load_staged(gw, i * kTpr + lane, kAccesses, held_gamma[i]);
+    }
   };
   auto gamma_of = [&](int i, float (&out)[kV]) {
     if constexpr (kHoldGamma) {
