@@ -22,6 +22,9 @@ widths between them, which the data never saw.
     # on the GPU again, with hfnn rebuilt: the built-in choice against torch, measured and in between
     python3 bench/layer_norm_sweep.py --out bench/results/layer_norm_default-h200.json --candidates torch default \
         --widths between
+    # on the GPU: the floor at each size (the pass's bytes moved by torch's neg / add) beside the built-in choice
+    python3 bench/layer_norm_sweep.py --out bench/results/layer_norm_floor-h100.json --candidates copy default \
+        --sizes 16M 1M
     # anywhere: the verdicts and the plot (several files: the default's verdicts use its own run's torch)
     python3 bench/layer_norm_sweep.py --summarize bench/results/layer_norm_sweep-h200.json bench/results/layer_norm_default-h200.json
     python3 bench/layer_norm_sweep.py --plot bench/results/layer_norm_sweep-h200.svg bench/results/layer_norm_sweep-h200.json bench/results/layer_norm_default-h200.json
@@ -64,7 +67,7 @@ def between_widths():
 
 
 SIZES = {"16M": 1 << 24, "1M": 1 << 20, "64K": 1 << 16}
-CANDIDATES = ("torch", "compile", "default", "variants")
+CANDIDATES = ("torch", "compile", "default", "variants", "copy")
 DTYPES = ["float32", "bfloat16", "float16"]
 # Candidates that are not hfnn variants.
 REFERENCES = ("torch", "torch.compile", "default", "copy")
@@ -180,6 +183,9 @@ def measure(args):
     print(f"{props.name}, torch {torch.__version__}: copy {copy_tbps:.2f} TB/s, L2 {l2 >> 20} MiB", flush=True)
 
     want = set(args.candidates)
+    if "copy" in want:  # the floor of a kernel's time in a graph replay, beside the copies
+        meta["launch_us"] = round(_bench.launch_us(timed), 3)
+        print(f"a one-element kernel: {meta['launch_us']} µs a call", flush=True)
     compile_on = "compile" in want
     if compile_on and args.compile_workers > 1:
         jobs = [(w, d) for d in args.dtypes for w in args.widths]
@@ -221,6 +227,9 @@ def measure(args):
             for v in picked(variants["bwd"]):
                 if torch.ops.hfnn.layer_norm_supports(x0, ns, w, b, v):
                     bwd[v] = lambda x, dy, m, r, v=v: torch.ops.hfnn.layer_norm_bwd(dy, x, ns, m, r, w, b, mask, v)
+        if "copy" in want:  # the same bytes moved by an elementwise kernel of torch's, timed the same way
+            fwd["copy"] = lambda x, *_: torch.neg(x)  # 1 in, 1 out: the forward's bytes
+            bwd["copy"] = lambda x, dy, m, r: torch.add(x, dy)  # 2 in, 1 out: the backward's
         if compile_on and size == "16M":
             torch._dynamo.reset()
             cf, cb = compiled_pair(torch, cols, w, b, mask)
@@ -234,7 +243,10 @@ def measure(args):
             if name == "default":
                 rec["ran"] = ran[pass_]  # the kernel the built-in choice runs here
             try:
-                if pass_ == "fwd":
+                if name == "copy":
+                    err = float("nan")  # no LayerNorm: nothing to check
+                    calls = [lambda s=sets[i % nsets]: fn(*s) for i in range(inner)]
+                elif pass_ == "fwd":
                     err = max_rel_error(fn(x0)[:1], refs["fwd"])
                     calls = [lambda s=sets[i % nsets]: fn(s[0]) for i in range(inner)]
                 else:
@@ -424,6 +436,7 @@ def summarize(records) -> str:
                    "range | fwd+bwd faster than torch.compile | best vs torch, median |")
         out.append("|---|---|---|---|---|---|---|")
         out += standing
+    out += floor_lines(records)
     checks = default_checks(records)
     if checks:
         out.append("\n### The built-in choice against torch (fwd+bwd µs, same run)\n")
@@ -442,13 +455,49 @@ def summarize(records) -> str:
               "behind_compile": "the best variant beats torch.compile (16M elements)"}
     for key, title in titles.items():
         misses = verdicts[key]
-        if (key == "default_slower" and not checks) or (
+        if (key == "default_slower" and not checks) or (key == "below_80" and not standing) or (
                 key == "behind_compile" and not any(r["candidate"] == "torch.compile" for r in records)):
             out.append(f"- not measured: {title}")
             continue
         out.append(f"- {'met' if not misses else f'**not met** ({len(misses)})'}: {title}")
         out += [f"  - {m}" for m in misses]
     return "\n".join(out) + "\n"
+
+
+def floor_lines(records) -> list:
+    """Where copy records are there (--candidates copy): per size, dtype and pass, the copy of the
+    pass's bytes as a share of the 1 GiB copy (the reference of every % here), the widths where even
+    it is below 80% of it, and hfnn (the fastest variant, else the built-in choice) as a share of
+    that copy: what is left to gain at that size, against what no kernel can."""
+    groups = {}
+    for (size, dtype, shape), recs in by_case(records).items():
+        for pass_ in ("fwd", "bwd"):
+            copy = pick(recs, pass_, "copy")
+            ln = pick(recs, pass_) or pick(recs, pass_, "default")
+            if copy:
+                groups.setdefault((size, dtype, pass_), []).append((shape[1], copy, ln))
+    if not groups:
+        return []
+    launch = sorted({r["launch_us"] for r in records if r.get("launch_us")})
+    out = ["\n### The floor at each size: a copy of the same bytes\n",
+           "A copy of the pass's bytes by torch's elementwise kernels (forward: neg, 1 in 1 out; backward: add, 2 in "
+           "1 out), timed as the candidates are"
+           + (f"; a one-element kernel takes {', '.join(f'{u:.2f}' for u in launch)} µs a call there" if launch else "")
+           + ". 'copy' is its share of the 1 GiB copy every % here is against; 'hfnn' the fastest variant's share of "
+           "it (the built-in choice's where no variant was timed).\n",
+           "| size | dtype | pass | widths | copy, % of the 1 GiB copy | widths where the copy is below 80% | "
+           "hfnn, % of the copy (median) |",
+           "|---|---|---|---|---|---|---|"]
+    order = {s: i for i, s in enumerate(SIZES)}
+    for (size, dtype, pass_), rows in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 9), DTYPES.index(kv[0][1])
+                                                                             if kv[0][1] in DTYPES else 9,
+                                                                             ("fwd", "bwd").index(kv[0][2]))):
+        pct = [r[1]["achieved_TBps"] / r[1]["copy_TBps"] for r in rows]
+        rel = [r[1]["median_us"] / r[2]["median_us"] for r in rows if r[2]]
+        below = sum(1 for p in pct if p < 0.8)
+        rel_s = f"{min(rel):.0%}-{max(rel):.0%} ({statistics.median(rel):.0%})" if rel else "—"
+        out.append(f"| {size} | {dtype} | {pass_} | {len(rows)} | {min(pct):.0%}-{max(pct):.0%} | {below} | {rel_s} |")
+    return out
 
 
 def standing_row(dtype, rows) -> str:
@@ -556,7 +605,8 @@ def main():
                          "'between' (41 the sweep does not measure)")
     ap.add_argument("--candidates", nargs="+", default=["torch", "variants"], choices=CANDIDATES,
                     help="torch, compile (torch.compile, 16M elements only), default (hfnn's built-in choice), "
-                         "variants (every hfnn variant that takes the shape)")
+                         "variants (every hfnn variant that takes the shape), copy (the pass's bytes moved by torch's "
+                         "elementwise kernels: neg forward, add backward; the floor at this size, not LayerNorm)")
     ap.add_argument("--variants", nargs="+", default=["*"], metavar="GLOB",
                     help="with --candidates variants: only the variants whose names match one of these (fnmatch), "
                          "e.g. '*_tma_*' to measure new variants alone and --merge them into a sweep")

@@ -119,3 +119,30 @@ def test_layer_norm_sweep_summary_states_where_the_best_variant_stands(monkeypat
     # aligned: 1 width, fwd at 85% (counted), bwd at 70% (not); compile beaten at 1024 only; medians of
     # torch/best: 1024 -> 120/30 = 4.0, 1023 -> 140/70 = 2.0: median 3.0
     assert line == "| bfloat16 | 0 of 1 | 1 | 0 | 85%-85% / 70%-70% | 1 of 2 | 3.00x over 2 widths |", out
+
+
+def test_layer_norm_sweep_summary_states_the_floor_of_a_copy_of_the_same_bytes(monkeypatch):
+    """With copy records (`--candidates copy`), `--summarize` adds the floor table: per size, dtype and
+    pass, the same-bytes copy's share of the 1 GiB copy, the widths where even it is below 80%, and
+    hfnn's share of that copy (the fastest variant, else the built-in choice); the 80% verdict is
+    "not measured" in a run without variants, not a vacuous "met"."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("layer_norm_sweep", ROOT / "bench" / "layer_norm_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+
+    def rec(candidate, size, d, pass_, us, pct):
+        return {"gpu": "G", "torch": "t", "date": "d", "size": size, "dtype": "bfloat16", "pass": pass_,
+                "candidate": candidate, "shape": [sweep.SIZES[size] // d, d], "median_us": us, "copy_TBps": 1.0,
+                "achieved_TBps": pct, "launch_us": 1.01}
+
+    records = [rec("copy", "16M", 256, "fwd", 20.0, 0.9), rec("default", "16M", 256, "fwd", 25.0, 0.72),
+               rec("copy", "16M", 512, "fwd", 20.0, 0.9), rec("default", "16M", 512, "fwd", 20.0, 0.9),
+               rec("copy", "1M", 256, "fwd", 2.0, 0.6), rec("default", "1M", 256, "fwd", 4.0, 0.3)]
+    out = sweep.summarize(records)
+    assert "a one-element kernel takes 1.01 µs a call" in out, out
+    # 16M: copy at 90% at both widths, none below 80%; hfnn at 20/25 = 80% and 100% of it, median 90%
+    assert "| 16M | bfloat16 | fwd | 2 | 90%-90% | 0 | 80%-100% (90%) |" in out, out
+    # 1M: the copy itself at 60%, so no kernel reaches 80% there
+    assert "| 1M | bfloat16 | fwd | 1 | 60%-60% | 1 | 50%-50% (50%) |" in out, out
+    assert "- not measured: the best variant reaches 80% of copy bandwidth" in out, out
