@@ -165,9 +165,11 @@ std::optional<Advice> cpu_bound_launches(const RunFacts& f) {
 }
 
 // 1b. The GPU idles but launches are few: the CPU is busy with something else (data, Python).
+// Not where nothing was launched at all: a CPU-only script on a machine with a GPU has a GPU busy
+// time (0) but no launches to find host work between.
 std::optional<Advice> gpu_idle_host_work(const RunFacts& f) {
   const double step = f.basis_step_ms();
-  if (!f.gpu_busy_ms || step <= 0 || f.rank_steps == 0) return std::nullopt;
+  if (!f.gpu_busy_ms || step <= 0 || f.rank_steps == 0 || f.gpu_activities == 0) return std::nullopt;
   const double busy = *f.gpu_busy_ms, share = busy / step;
   const double launches = f.per_step(static_cast<double>(f.gpu_activities)), rate = launches / step;
   if (share >= kCpuBoundBusyShare || rate >= kHighLaunchRatePerMs) return std::nullopt;

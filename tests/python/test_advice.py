@@ -200,6 +200,17 @@ def test_idle_gpu_with_few_launches_points_at_host_work_instead(profiled, tmp_pa
     assert_not_shown("cpu_bound_launches", data, text, html)
 
 
+def test_a_run_that_puts_nothing_on_the_gpu_is_not_told_the_gpu_idles(profiled, tmp_path):
+    """A CPU-only script on a machine with a GPU: the steps have a GPU busy time (0) but no kernel, copy
+    or memset was launched. Seen on an H100: test_foreach_optimizer_and_a_cpu_run_get_no_advice got
+    gpu_idle_host_work ("only 0 kernel launches a step"), which tells a user to hunt for host work
+    between launches that do not exist."""
+    data, text, html = reports(gpu_copy(profiled, tmp_path, ["UPDATE step_stats SET gpu_busy_ms = 0"]), FOREACH_RUN)
+    assert_not_shown("gpu_idle_host_work", data, text, html)
+    assert_not_shown("cpu_bound_launches", data, text, html)
+    assert data["advice"] == []
+
+
 def test_gpu_bound_step_is_not_called_cpu_bound(profiled, tmp_path):
     data, text, html = reports(gpu_copy(profiled, tmp_path, _busy_and_launches(0.95, 50)), FOREACH_RUN)
     assert_not_shown("cpu_bound_launches", data, text, html)
