@@ -45,17 +45,20 @@ def copy_tbps(timed) -> float:
     `timed(calls)` returns the median µs per call first."""
     import torch
 
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    us = timed([lambda: torch.neg(src, out=dst)] * 4)[0]
-    return 2 * src.numel() * 4 / (us * 1e-6) / 1e12
+    numel = 1 << 28
+    return 2 * numel * 4 / (_neg_us(timed, numel, 4) * 1e-6) / 1e12
 
 
 def launch_us(timed) -> float:
     """The least a kernel costs the way the benchmarks time it: µs per call of a one-element kernel
     (torch.neg), back to back in one CUDA graph. No kernel of a graph replay takes less."""
+    return _neg_us(timed, 1, 200)
+
+
+def _neg_us(timed, numel: int, calls: int) -> float:
+    """µs per call of torch.neg over `numel` float32 into a second buffer, `calls` of them a graph."""
     import torch
 
-    src = torch.zeros(1, device="cuda")
+    src = torch.empty(numel, dtype=torch.float32, device="cuda").normal_()
     dst = torch.empty_like(src)
-    return timed([lambda: torch.neg(src, out=dst)] * 200)[0]
+    return timed([lambda: torch.neg(src, out=dst)] * calls)[0]

@@ -228,7 +228,7 @@ def measure(args):
                 if torch.ops.hfnn.layer_norm_supports(x0, ns, w, b, v):
                     bwd[v] = lambda x, dy, m, r, v=v: torch.ops.hfnn.layer_norm_bwd(dy, x, ns, m, r, w, b, mask, v)
         if "copy" in want:  # the same bytes moved by an elementwise kernel of torch's, timed the same way
-            fwd["copy"] = lambda x, *_: torch.neg(x)  # 1 in, 1 out: the forward's bytes
+            fwd["copy"] = lambda x: torch.neg(x)  # 1 in, 1 out: the forward's bytes
             bwd["copy"] = lambda x, dy, m, r: torch.add(x, dy)  # 2 in, 1 out: the backward's
         if compile_on and size == "16M":
             torch._dynamo.reset()
@@ -245,12 +245,13 @@ def measure(args):
             try:
                 if name == "copy":
                     err = float("nan")  # no LayerNorm: nothing to check
-                    calls = [lambda s=sets[i % nsets]: fn(*s) for i in range(inner)]
                 elif pass_ == "fwd":
                     err = max_rel_error(fn(x0)[:1], refs["fwd"])
-                    calls = [lambda s=sets[i % nsets]: fn(s[0]) for i in range(inner)]
                 else:
                     err = max_rel_error(fn(x0, dy0, m0, r0), refs["bwd"])
+                if pass_ == "fwd":
+                    calls = [lambda s=sets[i % nsets]: fn(s[0]) for i in range(inner)]
+                else:
                     calls = [lambda s=sets[i % nsets]: fn(*s) for i in range(inner)]
                 us, quint = timed(calls)
                 rec.update(median_us=round(us, 3), p20_us=round(quint[0], 3), p80_us=round(quint[3], 3),
@@ -488,10 +489,11 @@ def floor_lines(records) -> list:
            "| size | dtype | pass | widths | copy, % of the 1 GiB copy | widths where the copy is below 80% | "
            "hfnn, % of the copy (median) |",
            "|---|---|---|---|---|---|---|"]
-    order = {s: i for i, s in enumerate(SIZES)}
-    for (size, dtype, pass_), rows in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 9), DTYPES.index(kv[0][1])
-                                                                             if kv[0][1] in DTYPES else 9,
-                                                                             ("fwd", "bwd").index(kv[0][2]))):
+    def order(key):  # sizes largest first, dtypes and passes as the sweep runs them
+        size, dtype, pass_ = key
+        return list(SIZES).index(size), DTYPES.index(dtype), ("fwd", "bwd").index(pass_)
+
+    for (size, dtype, pass_), rows in sorted(groups.items(), key=lambda kv: order(kv[0])):
         pct = [r[1]["achieved_TBps"] / r[1]["copy_TBps"] for r in rows]
         rel = [r[1]["median_us"] / r[2]["median_us"] for r in rows if r[2]]
         below = sum(1 for p in pct if p < 0.8)

@@ -165,11 +165,9 @@ std::optional<Advice> cpu_bound_launches(const RunFacts& f) {
 }
 
 // 1b. The GPU idles but launches are few: the CPU is busy with something else (data, Python).
-// Not where nothing was launched at all: a CPU-only script on a machine with a GPU has a GPU busy
-// time (0) but no launches to find host work between.
 std::optional<Advice> gpu_idle_host_work(const RunFacts& f) {
   const double step = f.basis_step_ms();
-  if (!f.gpu_busy_ms || step <= 0 || f.rank_steps == 0 || f.gpu_activities == 0) return std::nullopt;
+  if (!f.gpu_busy_ms || step <= 0 || f.rank_steps == 0) return std::nullopt;
   const double busy = *f.gpu_busy_ms, share = busy / step;
   const double launches = f.per_step(static_cast<double>(f.gpu_activities)), rate = launches / step;
   if (share >= kCpuBoundBusyShare || rate >= kHighLaunchRatePerMs) return std::nullopt;
@@ -585,6 +583,9 @@ RunFacts read_run_facts(Database& db, int64_t run_id, const TuneFactsOf& tune_fa
   kernels.bind(1, run_id);
   kernels.step();
   f.gpu_activities = kernels.column_int(0);
+  // A run that put nothing on the GPU (a CPU-only script on a machine with one) has a busy time of 0
+  // a step but no GPU share to speak of: no rule is to tell it the GPU idles between launches.
+  if (f.gpu_activities == 0) f.gpu_busy_ms.reset();
   Statement ops(db.handle(),
                 "SELECT name, sum(calls), sum(cpu_self_us), sum(cpu_total_us), coalesce(sum(cuda_self_us), 0),"
                 " coalesce(sum(cuda_total_us), 0) FROM op_stats WHERE run_id = ? GROUP BY name");

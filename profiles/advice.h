@@ -83,7 +83,7 @@ struct RunFacts {
   // recorded one it compares with (medians); empty where the run has none.
   std::optional<double> plain_step_ms;
   double profiled_step_ms = 0;
-  std::optional<double> gpu_busy_ms;  // mean GPU busy time of a step, where recorded
+  std::optional<double> gpu_busy_ms;  // mean GPU busy time of a step, where recorded and the run launched any
   int64_t gpu_activities = 0;  // kernels, memcpys and memsets over the recorded steps (all ranks)
   double cuda_self_total_us = 0;  // every op's CUDA self time: the GPU time ops account for
   std::map<std::string, OpTotals> ops;  // by op name
