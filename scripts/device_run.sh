@@ -34,6 +34,7 @@
 #   sweep-align  the same for the sweep's 12 widths with 4- or 8-byte rows alone, and its odd
 #             widths in float32 (4-byte rows), to merge
 #   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
+#             ($COMPILE_SIZES, $COMPILE_WIDTHS, $COMPILE_CANDIDATES: e.g. 1M, sweep, "compile default")
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
 #   mha       bench/mha.py: nn.MultiheadAttention against hfnn's op with each attention core
@@ -271,9 +272,14 @@ if want default-check; then
     | grep -E "FAILED|wrote|^- |^  - |copy" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want sweep-compile; then
-  timeout ${COMPILE_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --candidates compile --sizes 16M \
-    --out "$OUT/layer_norm_sweep-compile-$gpu.json" 2>&1 | tee "$OUT/sweep-compile.log" \
-    | grep -E "FAILED|wrote|compiled|copy" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # COMPILE_SIZES, COMPILE_WIDTHS and COMPILE_CANDIDATES (default: torch.compile alone at 16M, every
+  # width); `compile default` at 1M times the built-in choice beside it in the same run.
+  tag=$(echo "${COMPILE_SIZES:-16M} ${COMPILE_WIDTHS:-sweep}" | tr ' ' '-')
+  timeout ${COMPILE_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py \
+    --candidates ${COMPILE_CANDIDATES:-compile} --sizes ${COMPILE_SIZES:-16M} --widths ${COMPILE_WIDTHS:-sweep} \
+    --compile-workers ${COMPILE_WORKERS:-14} --out "$OUT/layer_norm_sweep-compile-$tag-$gpu.json" 2>&1 \
+    | tee "$OUT/sweep-compile-$tag.log" | grep -E "FAILED|wrote|compiled|copy" | tail -20
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want ncu-mha; then
   cfg=${MHA_NCU_CONFIG:-5000 64 512 8}

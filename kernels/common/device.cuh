@@ -187,7 +187,9 @@ decltype(auto) with_access_bytes(int bytes, F&& f) {
 // while the kernel before it in the stream drains, hiding the launch gap (about a microsecond, up
 // to a tenth of a 10 to 20 us LayerNorm). Every such kernel calls wait_for_previous_grid() before
 // its first global memory access, which returns once the previous grid has finished and its
-// writes are visible: the stream order is unchanged. On older GPUs both are no-ops.
+// writes are visible: the stream order is unchanged. On older GPUs both are no-ops. (One
+// exception, by design: LayerNorm's column sums, layer_norm_cols.cu, read only what the kernel
+// before them waited for before allowing them, and wait at their end instead.)
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -398,6 +398,10 @@ template <typename T, int kBytes, bool kSmemAcc>
 __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParams p) {
   extern __shared__ float acc[];  // [2][cols]: this block's dgamma and dbeta partials (kSmemAcc)
   __shared__ float2 scratch[32];
+  // Launched plainly (after the kernel before it has finished), so the next kernel may be scheduled
+  // now: the partials' reduction waits for this grid; bwd_block_cols's column sums, which read only
+  // the inputs, run beside it.
+  allow_next_grid();
   constexpr int kV = kVec<T, kBytes>;
   const int64_t cols = p.cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);
@@ -483,6 +487,7 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_window_kernel(const B
   // c + c / 8: a warp's threads update columns 8 apart, which would share 4 banks unpadded.
   extern __shared__ float acc[];
   __shared__ float2 scratch[32];
+  allow_next_grid();  // as bwd_block_kernel
   constexpr int kV = kVec<T, 16>;
   const int64_t cols = p.cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);

@@ -46,6 +46,18 @@ constexpr BwdVariant bwd_wide(std::string_view name) {
           &bwd_wide_supports<kCluster, kSmem>, &bwd_wide_workspace<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>};
 }
 
+std::size_t no_workspace(const BwdParams&) { return 0; }
+
+// As bwd_wide_c*(_smem), dx alone, then dgamma/dbeta summed down the columns by their own kernel.
+template <int kCluster, bool kSmem>
+constexpr BwdVariant bwd_wide_cols(std::string_view name) {
+  return {name,
+          "as bwd_wide_c*, dx alone, then dgamma/dbeta summed down the columns from x and dy read again (no "
+          "partial rows): few wide rows",
+          &bwd_cols_supports<&bwd_wide_supports<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>>, &no_workspace,
+          &bwd_cols_run<&bwd_wide_supports<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>>};
+}
+
 template <int kTpr>
 constexpr FwdVariant fwd_window(std::string_view name) {
   return {name, "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead",
@@ -123,6 +135,24 @@ constexpr std::array kBwd = {
     BwdVariant{"bwd_block_win",
                "bwd_block for rows aligned to an element only, read and written through 16-byte windows",
                &bwd_block_supports<true>, &bwd_block_workspace<true>, &bwd_block_run<true>},
+    bwd_wide_cols<1, false>("bwd_wide_c1_cols"),
+    bwd_wide_cols<2, false>("bwd_wide_c2_cols"),
+    bwd_wide_cols<4, false>("bwd_wide_c4_cols"),
+    bwd_wide_cols<8, false>("bwd_wide_c8_cols"),
+    bwd_wide_cols<16, false>("bwd_wide_c16_cols"),
+    bwd_wide_cols<1, true>("bwd_wide_c1_smem_cols"),
+    bwd_wide_cols<2, true>("bwd_wide_c2_smem_cols"),
+    bwd_wide_cols<4, true>("bwd_wide_c4_smem_cols"),
+    bwd_wide_cols<8, true>("bwd_wide_c8_smem_cols"),
+    bwd_wide_cols<16, true>("bwd_wide_c16_smem_cols"),
+    BwdVariant{"bwd_block_cols", "as bwd_block, dx alone, then dgamma/dbeta summed down the columns: few wide rows",
+               &bwd_cols_supports<&bwd_block_supports<false>, &bwd_block_run<false>>, &no_workspace,
+               &bwd_cols_run<&bwd_block_supports<false>, &bwd_block_run<false>>},
+    BwdVariant{"bwd_block_win_cols",
+               "as bwd_block_win, dx alone, then dgamma/dbeta summed down the columns: few wide rows aligned to an "
+               "element",
+               &bwd_cols_supports<&bwd_block_supports<true>, &bwd_block_run<true>>, &no_workspace,
+               &bwd_cols_run<&bwd_block_supports<true>, &bwd_block_run<true>>},
 };
 
 }  // namespace

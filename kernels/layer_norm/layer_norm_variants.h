@@ -42,6 +42,14 @@ template <int kTpr, bool kSmemSums> bool bwd_window_supports(const BwdParams& p)
 template <int kTpr, bool kSmemSums> std::size_t bwd_window_workspace(const BwdParams& p);
 template <int kTpr, bool kSmemSums> cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream);
 
+// A backward variant Run's dx alone (dgamma and dbeta dropped: no partials, no reduction kernel),
+// then dgamma and dbeta summed down the columns from x, dy, mean and rstd by a kernel of their own
+// (layer_norm_cols.cu): few, wide rows. No workspace.
+template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams&, cudaStream_t)>
+bool bwd_cols_supports(const BwdParams& p);
+template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams&, cudaStream_t)>
+cudaError_t bwd_cols_run(const BwdParams& p, cudaStream_t stream);
+
 // The persistent backward variants' last step: dgamma and dbeta from the [2][grid][cols] float
 // partials in the workspace, summed in a fixed order (layer_norm_bwd.cu).
 cudaError_t reduce_partials(const BwdParams& p, const float* partials, int grid, cudaStream_t stream);

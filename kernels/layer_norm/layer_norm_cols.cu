@@ -1,0 +1,165 @@
+// The *_cols backward variants: another variant's dx alone (no dgamma/dbeta: no partial rows and no
+// reduction kernel), then dgamma and dbeta summed down the columns by a kernel of their own that reads
+// x, dy, mean and rstd again.
+//
+// Why: the persistent backward grids fold dgamma/dbeta into one partial row of 2 x 4 bytes a column
+// per block or cluster, and a second kernel sums them. Where rows are few and wide that costs more
+// than the pass itself: at 1M elements in 16 rows of 65,536 (a cluster a row) the partial rows are 8
+// MB of float32 written and read again against 6 MB of x, dy and dx in 16-bit, and torch.compile,
+// which sums the columns from x and dy again, was ahead (H200, 2026-11-26: fwd+bwd 28.4 against
+// 20.0 us at 65,538 columns, 13.9 against 13.8 at 8,192; bench/README.md, "Against torch.compile at
+// 1M elements"). x and dy of such a call sit in L2 when read the second time.
+//
+// The column kernel runs with programmatic dependent launch right after the dx kernel and does not
+// wait for it: it reads only the backward's inputs, which the dx kernel's blocks waited for before
+// letting it be scheduled (every base variant calls wait_for_previous_grid() before
+// allow_next_grid(), or never triggers, and then the column kernel starts after it ends). It waits
+// for the dx kernel at its end instead, so that it never finishes first: what follows it in the
+// stream sees both done. Sums in a fixed order (each slice of rows in row order, then the slices in
+// order): bit-identical results run to run.
+#include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_variants.h"
+
+namespace hfnn::kernels::layer_norm {
+namespace {
+
+constexpr int kLanes = 32;   // accesses of a row a block takes, side by side
+constexpr int kSlices = 16;  // slices of the rows: slice s takes rows s, s + 16, ...
+constexpr int kRowsAtOnce = 4;
+
+template <typename T, int kBytes>
+__global__ void __launch_bounds__(kLanes * kSlices) param_cols_kernel(const BwdParams p) {
+  constexpr int kV = kVec<T, kBytes>;
+  __shared__ float fold[kSlices][2][kLanes * kV];
+  allow_next_grid();  // the next kernel waits for this grid (and so for the dx kernel) in its own wait
+  const int lane = threadIdx.x, slice = threadIdx.y;
+  const int64_t cols = p.cols, acc = cols / kV;
+  const int64_t a = static_cast<int64_t>(blockIdx.x) * kLanes + lane;
+  float dg[kV], db[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k) dg[k] = db[k] = 0.f;
+  auto add = [&](const Pack<T, kBytes>& xp, const Pack<T, kBytes>& dp, float mean, float rstd) {
+    float xv[kV], dv[kV];
+    unpack(xp, xv);
+    unpack(dp, dv);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const float xhat = (xv[k] - mean) * rstd;  // as the other variants: the subtraction first
+      dg[k] = fmaf(dv[k], xhat, dg[k]);
+      db[k] += dv[k];
+    }
+  };
+  if (a < acc) {
+    const T* __restrict__ x = static_cast<const T*>(p.x) + a * kV;
+    const T* __restrict__ dy = static_cast<const T*>(p.dy) + a * kV;
+    int64_t r = slice;
+    // kRowsAtOnce rows' loads in flight before their adds, then the rest one at a time.
+    for (; r + (kRowsAtOnce - 1) * kSlices < p.rows; r += kRowsAtOnce * kSlices) {
+      Pack<T, kBytes> xs[kRowsAtOnce], ds[kRowsAtOnce];
+      float m[kRowsAtOnce], s[kRowsAtOnce];
+#pragma unroll
+      for (int j = 0; j < kRowsAtOnce; ++j) {
+        const int64_t row = r + j * kSlices;
+        xs[j] = load_pack<T, kBytes>(x + row * cols);
+        ds[j] = load_pack<T, kBytes>(dy + row * cols);
+        m[j] = p.mean[row];
+        s[j] = p.rstd[row];
+      }
+#pragma unroll
+      for (int j = 0; j < kRowsAtOnce; ++j) add(xs[j], ds[j], m[j], s[j]);
+    }
+    for (; r < p.rows; r += kSlices)
+      add(load_pack<T, kBytes>(x + r * cols), load_pack<T, kBytes>(dy + r * cols), p.mean[r], p.rstd[r]);
+  }
+#pragma unroll
+  for (int k = 0; k < kV; ++k) {
+    fold[slice][0][lane * kV + k] = dg[k];
+    fold[slice][1][lane * kV + k] = db[k];
+  }
+  __syncthreads();
+  // Output o of the block's 2 x kLanes x kV: dgamma's, then dbeta's; the slices summed in order.
+  for (int o = slice * kLanes + lane; o < 2 * kLanes * kV; o += kLanes * kSlices) {
+    const int which = o / (kLanes * kV), e = o % (kLanes * kV);
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes * kV + e;
+    T* out = static_cast<T*>(which == 0 ? p.dgamma : p.dbeta);
+    if (out == nullptr || c >= cols) continue;
+    float total = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) total += fold[s][which][e];
+    out[c] = from_float<T>(total);
+  }
+  wait_for_previous_grid();  // never finish before the dx kernel
+}
+
+// The access width: the widest x and dy allow (dgamma and dbeta are written an element at a time),
+// narrowed while the blocks would not cover the SMs (few columns), not below an element.
+int cols_bytes(const BwdParams& p) {
+  if (p.rows <= 0 || p.cols <= 0 || p.device.device < 0) return 0;
+  const int esize = static_cast<int>(dtype_size(p.dtype));
+  int bytes = access_bytes(p.cols, esize, {p.x, p.dy});
+  if (bytes < esize) return 0;
+  while (bytes > 4 && (p.cols * esize / bytes + kLanes - 1) / kLanes < p.device.sm_count) bytes /= 2;
+  return bytes;
+}
+
+template <typename F>
+cudaError_t with_cols(const BwdParams& p, F&& f) {
+  const int bytes = cols_bytes(p);
+  if (!bytes) return cudaErrorInvalidValue;
+  return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
+    return with_access_bytes<T>(bytes, [&]<int kBytes>() -> cudaError_t { return f.template operator()<T, kBytes>(bytes); });
+  });
+}
+
+// p without dgamma and dbeta: what the base variant runs.
+BwdParams dx_only(const BwdParams& p) {
+  BwdParams q = p;
+  q.dgamma = q.dbeta = nullptr;
+  q.workspace = nullptr;
+  q.workspace_size = 0;
+  return q;
+}
+
+}  // namespace
+
+template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams&, cudaStream_t)>
+bool bwd_cols_supports(const BwdParams& p) {
+  if (!Supports(dx_only(p))) return false;
+  return with_cols(p, [&]<typename T, int kBytes>(int) {
+           return fits(param_cols_kernel<T, kBytes>, kLanes * kSlices, 0, p.device) ? cudaSuccess
+                                                                                   : cudaErrorInvalidValue;
+         }) == cudaSuccess;
+}
+
+template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams&, cudaStream_t)>
+cudaError_t bwd_cols_run(const BwdParams& p, cudaStream_t stream) {
+  if (const cudaError_t err = Run(dx_only(p), stream); err != cudaSuccess) return err;
+  if (!p.dgamma && !p.dbeta) return cudaSuccess;
+  return with_cols(p, [&]<typename T, int kBytes>(int bytes) {
+    const int64_t acc = p.cols * static_cast<int64_t>(sizeof(T)) / bytes;
+    const unsigned blocks = static_cast<unsigned>((acc + kLanes - 1) / kLanes);
+    return launch_pdl(param_cols_kernel<T, kBytes>, dim3(blocks), dim3(kLanes, kSlices), 0, stream, p);
+  });
+}
+
+#define HFNN_COLS(C, SMEM)                                                                          \
+  template bool bwd_cols_supports<&bwd_wide_supports<C, SMEM>, &bwd_wide_run<C, SMEM>>(const BwdParams&); \
+  template cudaError_t bwd_cols_run<&bwd_wide_supports<C, SMEM>, &bwd_wide_run<C, SMEM>>(const BwdParams&, \
+                                                                                          cudaStream_t);
+HFNN_COLS(1, false)
+HFNN_COLS(2, false)
+HFNN_COLS(4, false)
+HFNN_COLS(8, false)
+HFNN_COLS(16, false)
+HFNN_COLS(1, true)
+HFNN_COLS(2, true)
+HFNN_COLS(4, true)
+HFNN_COLS(8, true)
+HFNN_COLS(16, true)
+#undef HFNN_COLS
+template bool bwd_cols_supports<&bwd_block_supports<false>, &bwd_block_run<false>>(const BwdParams&);
+template cudaError_t bwd_cols_run<&bwd_block_supports<false>, &bwd_block_run<false>>(const BwdParams&, cudaStream_t);
+template bool bwd_cols_supports<&bwd_block_supports<true>, &bwd_block_run<true>>(const BwdParams&);
+template cudaError_t bwd_cols_run<&bwd_block_supports<true>, &bwd_block_run<true>>(const BwdParams&, cudaStream_t);
+
+}  // namespace hfnn::kernels::layer_norm
