@@ -456,7 +456,8 @@ def summarize(records) -> str:
     for key, title in titles.items():
         misses = verdicts[key]
         if (key == "default_slower" and not checks) or (key == "below_80" and not standing) or (
-                key == "behind_compile" and not any(r["candidate"] == "torch.compile" for r in records)):
+                key == "behind_compile" and not any(r["candidate"] == "torch.compile" and SIZES[r["size"]] >= SIZES["1M"]
+                                                     for r in records)):
             out.append(f"- not measured: {title}")
             continue
         out.append(f"- {'met' if not misses else f'**not met** ({len(misses)})'}: {title}")

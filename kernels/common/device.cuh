@@ -189,7 +189,8 @@ decltype(auto) with_access_bytes(int bytes, F&& f) {
 // its first global memory access, which returns once the previous grid has finished and its
 // writes are visible: the stream order is unchanged. On older GPUs both are no-ops. (One
 // exception, by design: LayerNorm's column sums, layer_norm_cols.cu, read only what the kernel
-// before them waited for before allowing them, and wait at their end instead.)
+// before them waited for before allowing them, and wait at their end instead: the kernels they follow
+// all call wait_for_previous_grid() before allow_next_grid().)
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -398,9 +398,11 @@ template <typename T, int kBytes, bool kSmemAcc>
 __global__ void __launch_bounds__(kBlockThreads) bwd_block_kernel(const BwdParams p) {
   extern __shared__ float acc[];  // [2][cols]: this block's dgamma and dbeta partials (kSmemAcc)
   __shared__ float2 scratch[32];
-  // Launched plainly (after the kernel before it has finished), so the next kernel may be scheduled
-  // now: the partials' reduction waits for this grid; bwd_block_cols's column sums, which read only
-  // the inputs, run beside it.
+  // The next kernel may be scheduled now: the partials' reduction waits for this grid;
+  // bwd_block_cols's column sums, which read only the inputs, run beside it. The wait first (a no-op
+  // on the plain launch this kernel has) keeps what they rely on true under any launch: this grid
+  // lets the next one in only after the kernel before it has finished.
+  wait_for_previous_grid();
   allow_next_grid();
   constexpr int kV = kVec<T, kBytes>;
   const int64_t cols = p.cols;
@@ -487,7 +489,8 @@ __global__ void __launch_bounds__(kBlockThreads) bwd_block_window_kernel(const B
   // c + c / 8: a warp's threads update columns 8 apart, which would share 4 banks unpadded.
   extern __shared__ float acc[];
   __shared__ float2 scratch[32];
-  allow_next_grid();  // as bwd_block_kernel
+  wait_for_previous_grid();  // as bwd_block_kernel
+  allow_next_grid();
   constexpr int kV = kVec<T, 16>;
   const int64_t cols = p.cols;
   const float inv_cols = 1.0f / static_cast<float>(cols);

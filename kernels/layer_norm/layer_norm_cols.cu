@@ -13,9 +13,11 @@
 // The column kernel runs with programmatic dependent launch right after the dx kernel and does not
 // wait for it: it reads only the backward's inputs, which the dx kernel's blocks waited for before
 // letting it be scheduled (every base variant calls wait_for_previous_grid() before
-// allow_next_grid(), or never triggers, and then the column kernel starts after it ends). It waits
-// for the dx kernel at its end instead, so that it never finishes first: what follows it in the
-// stream sees both done. Sums in a fixed order (each slice of rows in row order, then the slices in
+// allow_next_grid()). That wait returns once the kernel that wrote them has finished and its writes
+// are flushed to global memory, so a grid scheduled after it reads them as written. It waits for
+// the dx kernel at its end instead, so that it never finishes first: what follows it in the stream
+// sees both done. Without dx (an output mask) there is no dx kernel: it is launched plainly, after
+// whatever came before. Sums in a fixed order (each slice of rows in row order, then the slices in
 // order): bit-identical results run to run.
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
@@ -92,7 +94,8 @@ __global__ void __launch_bounds__(kLanes * kSlices) param_cols_kernel(const BwdP
 }
 
 // The access width: the widest x and dy allow (dgamma and dbeta are written an element at a time),
-// narrowed while the blocks would not cover the SMs (few columns), not below an element.
+// narrowed while the blocks would not cover the SMs (few columns), not below 4 bytes (2-byte
+// accesses only where the rows allow no wider: 16-bit odd widths).
 int cols_bytes(const BwdParams& p) {
   if (p.rows <= 0 || p.cols <= 0 || p.device.device < 0) return 0;
   const int esize = static_cast<int>(dtype_size(p.dtype));
@@ -133,12 +136,17 @@ bool bwd_cols_supports(const BwdParams& p) {
 
 template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams&, cudaStream_t)>
 cudaError_t bwd_cols_run(const BwdParams& p, cudaStream_t stream) {
-  if (const cudaError_t err = Run(dx_only(p), stream); err != cudaSuccess) return err;
+  if (p.dx) {
+    if (const cudaError_t err = Run(dx_only(p), stream); err != cudaSuccess) return err;
+  }
   if (!p.dgamma && !p.dbeta) return cudaSuccess;
   return with_cols(p, [&]<typename T, int kBytes>(int bytes) {
     const int64_t acc = p.cols * static_cast<int64_t>(sizeof(T)) / bytes;
     const unsigned blocks = static_cast<unsigned>((acc + kLanes - 1) / kLanes);
-    return launch_pdl(param_cols_kernel<T, kBytes>, dim3(blocks), dim3(kLanes, kSlices), 0, stream, p);
+    // Beside the dx kernel where there is one; otherwise after everything before it (a plain launch:
+    // the kernel does not wait at its start).
+    return launch_ex(param_cols_kernel<T, kBytes>, dim3(blocks), dim3(kLanes, kSlices), 0, stream,
+                     /*pdl=*/p.dx != nullptr, 1, p);
   });
 }
 

@@ -219,9 +219,10 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_gpu_backward_at_another_lead_and_every_output_mask(dtype):
     """The backward's paths the other tests leave out: dy at another offset in its 16 bytes than x
-    (the window kernels read it an element at a time), and output masks without dx or without
-    dgamma/dbeta. Every backward variant that takes the row, odd and even widths, one past the
-    width where bwd_block's partials leave shared memory (about 25.8K columns), rows 1, 3 and 257."""
+    (the window kernels read it an element at a time), and output masks without dx, without
+    dgamma/dbeta, or with one of them alone (the *_cols variants' column sums write either). Every
+    backward variant that takes the row, odd and even widths, one past the width where bwd_block's
+    partials leave shared memory (about 25.8K columns), rows 1, 3 and 257."""
     variants = hfnn.layer_norm_variants()["bwd"]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} leads".encode()))
     failures = []
@@ -236,7 +237,8 @@ def test_gpu_backward_at_another_lead_and_every_output_mask(dtype):
             _, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
             _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
             dx_scale = (r_ref * dy.double() * w64).norm().item()
-            for mask in ([True, True, True], [True, False, False], [False, True, True]):
+            for mask in ([True, True, True], [True, False, False], [False, True, True], [True, True, False],
+                         [False, False, True]):
                 ref = torch.ops.aten.native_layer_norm_backward(dy.double(), x.double(), ns, m_ref, r_ref, w64, b64, mask)
                 for v in variants:
                     if not torch.ops.hfnn.layer_norm_supports(x, ns, w, b, v):
