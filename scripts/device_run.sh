@@ -33,8 +33,9 @@
 #             the installed package, results under $OUT/base, then with this build's, under $OUT
 #   sweep-align  the same for the sweep's 12 widths with 4- or 8-byte rows alone, and its odd
 #             widths in float32 (4-byte rows), to merge
-#   sweep-compile  the same sweep's torch.compile candidates alone (16M elements), to merge
-#             ($COMPILE_SIZES, $COMPILE_WIDTHS, $COMPILE_CANDIDATES: e.g. 1M, sweep, "compile default")
+#   sweep-compile  the same sweep's torch.compile candidates alone, to merge: 16M elements, every
+#             width, unless $COMPILE_SIZES, $COMPILE_WIDTHS, $COMPILE_CANDIDATES say otherwise (e.g. 1M,
+#             sweep, "compile default": the built-in choice beside it in the same run)
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
 #   mha       bench/mha.py: nn.MultiheadAttention against hfnn's op with each attention core

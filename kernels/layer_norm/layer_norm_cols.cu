@@ -7,8 +7,8 @@
 // than the pass itself: at 1M elements in 16 rows of 65,536 (a cluster a row) the partial rows are 8
 // MB of float32 written and read again against 6 MB of x, dy and dx in 16-bit, and torch.compile,
 // which sums the columns from x and dy again, was ahead (H200, 2026-11-26: fwd+bwd 28.4 against
-// 20.0 us at 65,538 columns, 13.9 against 13.8 at 8,192; bench/README.md, "Against torch.compile at
-// 1M elements"). x and dy of such a call sit in L2 when read the second time.
+// 20.0 us at 65,538 columns, 13.9 against 13.8 at 8,192; bench/README.md, "torch.compile at 1M
+// elements, and dgamma/dbeta summed down the columns"). x and dy of such a call sit in L2 when read the second time.
 //
 // The column kernel runs with programmatic dependent launch right after the dx kernel and does not
 // wait for it: it reads only the backward's inputs, which the dx kernel's blocks waited for before
@@ -110,7 +110,7 @@ cudaError_t with_cols(const BwdParams& p, F&& f) {
   const int bytes = cols_bytes(p);
   if (!bytes) return cudaErrorInvalidValue;
   return dispatch_dtype(p.dtype, [&]<typename T>() -> cudaError_t {
-    return with_access_bytes<T>(bytes, [&]<int kBytes>() -> cudaError_t { return f.template operator()<T, kBytes>(bytes); });
+    return with_access_bytes<T>(bytes, [&]<int kBytes>() -> cudaError_t { return f.template operator()<T, kBytes>(); });
   });
 }
 
@@ -128,7 +128,7 @@ BwdParams dx_only(const BwdParams& p) {
 template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams&, cudaStream_t)>
 bool bwd_cols_supports(const BwdParams& p) {
   if (!Supports(dx_only(p))) return false;
-  return with_cols(p, [&]<typename T, int kBytes>(int) {
+  return with_cols(p, [&]<typename T, int kBytes>() {
            return fits(param_cols_kernel<T, kBytes>, kLanes * kSlices, 0, p.device) ? cudaSuccess
                                                                                    : cudaErrorInvalidValue;
          }) == cudaSuccess;
@@ -140,8 +140,8 @@ cudaError_t bwd_cols_run(const BwdParams& p, cudaStream_t stream) {
     if (const cudaError_t err = Run(dx_only(p), stream); err != cudaSuccess) return err;
   }
   if (!p.dgamma && !p.dbeta) return cudaSuccess;
-  return with_cols(p, [&]<typename T, int kBytes>(int bytes) {
-    const int64_t acc = p.cols * static_cast<int64_t>(sizeof(T)) / bytes;
+  return with_cols(p, [&]<typename T, int kBytes>() {
+    const int64_t acc = p.cols / kVec<T, kBytes>;
     const unsigned blocks = static_cast<unsigned>((acc + kLanes - 1) / kLanes);
     // Beside the dx kernel where there is one; otherwise after everything before it (a plain launch:
     // the kernel does not wait at its start).
