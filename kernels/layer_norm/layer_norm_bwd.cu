@@ -613,7 +613,16 @@ template <bool kWindow>
 BlockLaunch<kWindow> block_shape(BlockKernel<kWindow> in_smem, BlockKernel<kWindow> in_global, const BwdParams& p,
                                  std::size_t smem) {
   BlockLaunch<kWindow> l;
-  if (fits(in_smem, kBlockThreads, smem, p.device)) {
+  // dx alone (an output mask, or a *_cols variant's base): no partials anywhere, so no shared
+  // memory for them and as many blocks as run at once (where the occupancy query answers).
+  const int64_t dx_only_grid =
+      !p.dgamma && !p.dbeta && fits(in_global, kBlockThreads, 0, p.device)
+          ? resident_clusters(reinterpret_cast<const void*>(in_global), kBlockThreads, 1, 0, 1, p.device)
+          : 0;
+  if (dx_only_grid > 0) {
+    l.kernel = in_global;
+    l.grid = static_cast<int>(dx_only_grid);
+  } else if (fits(in_smem, kBlockThreads, smem, p.device)) {
     l.kernel = in_smem;
     l.smem = smem;
     l.grid = static_cast<int>(

@@ -18,7 +18,9 @@
 // the dx kernel at its end instead, so that it never finishes first: what follows it in the stream
 // sees both done. Without dx (an output mask) there is no dx kernel: it is launched plainly, after
 // whatever came before. Sums in a fixed order (each slice of rows in row order, then the slices in
-// order): bit-identical results run to run.
+// order): bit-identical results run to run. Bases: the wide backward (bwd_wide_c*, and its window
+// form for rows not 16-byte aligned, bwd_wide_win_c*, which runs only as a base here) and the block
+// backward (bwd_block, bwd_block_win).
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
 
@@ -165,6 +167,15 @@ HFNN_COLS(4, true)
 HFNN_COLS(8, true)
 HFNN_COLS(16, true)
 #undef HFNN_COLS
+#define HFNN_COLS_WIN(C)                                                                              \
+  template bool bwd_cols_supports<&bwd_wide_win_supports<C>, &bwd_wide_win_run<C>>(const BwdParams&); \
+  template cudaError_t bwd_cols_run<&bwd_wide_win_supports<C>, &bwd_wide_win_run<C>>(const BwdParams&, cudaStream_t);
+HFNN_COLS_WIN(1)
+HFNN_COLS_WIN(2)
+HFNN_COLS_WIN(4)
+HFNN_COLS_WIN(8)
+HFNN_COLS_WIN(16)
+#undef HFNN_COLS_WIN
 template bool bwd_cols_supports<&bwd_block_supports<false>, &bwd_block_run<false>>(const BwdParams&);
 template cudaError_t bwd_cols_run<&bwd_block_supports<false>, &bwd_block_run<false>>(const BwdParams&, cudaStream_t);
 template bool bwd_cols_supports<&bwd_block_supports<true>, &bwd_block_run<true>>(const BwdParams&);

@@ -106,4 +106,30 @@ __device__ __forceinline__ void stage_param(float* s, const T* param, float miss
   }
 }
 
+// stage_param for a row read through its window at `lead` (layer_norm_window.cuh): access a's
+// element k is column a * kV + k - lead, `missing` outside [0, cols); a parameter at any element
+// alignment, read an element at a time, once a block. A thread stages at most kN accesses (n <= kN x
+// threads), and issues all their loads before it stores any: one load latency, not kN (where a
+// cluster visits one row, as 16 rows of 65,538 columns do, that latency is the kernel's).
+template <typename T, int kN>
+__device__ __forceinline__ void stage_param_window(float* s, const T* param, float missing, int64_t a0, int64_t n,
+                                                   int64_t accesses, int tid, int threads, int lead, int64_t cols) {
+  constexpr int kV = kVec<T, 16>;
+  float g[kN][kV];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const int64_t a = tid + static_cast<int64_t>(j) * threads;
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const int64_t c = (a0 + a) * kV + k - lead;
+      g[j][k] = param && a < n && c >= 0 && c < cols ? to_float(param[c]) : missing;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const int64_t a = tid + static_cast<int64_t>(j) * threads;
+    if (a < n) store_staged(s, a, accesses, g[j]);
+  }
+}
+
 }  // namespace hfnn::kernels::layer_norm

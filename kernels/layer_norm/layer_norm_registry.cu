@@ -58,6 +58,24 @@ constexpr BwdVariant bwd_wide_cols(std::string_view name) {
           &bwd_cols_run<&bwd_wide_supports<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>>};
 }
 
+template <int kCluster>
+constexpr FwdVariant fwd_wide_win(std::string_view name) {
+  return {name,
+          "as fwd_wide_c*_ps, for rows not 16-byte aligned: 16-byte accesses through their aligned windows, "
+          "blocks by row lead",
+          &fwd_wide_win_supports<kCluster>, &fwd_wide_win_run<kCluster>};
+}
+
+// The window backward's dx alone, then dgamma/dbeta summed down the columns.
+template <int kCluster>
+constexpr BwdVariant bwd_wide_win_cols(std::string_view name) {
+  return {name,
+          "as bwd_wide_c*_cols, for rows not 16-byte aligned: dx in 16-byte accesses through their aligned windows, "
+          "blocks by row lead, then dgamma/dbeta summed down the columns",
+          &bwd_cols_supports<&bwd_wide_win_supports<kCluster>, &bwd_wide_win_run<kCluster>>, &no_workspace,
+          &bwd_cols_run<&bwd_wide_win_supports<kCluster>, &bwd_wide_win_run<kCluster>>};
+}
+
 template <int kTpr>
 constexpr FwdVariant fwd_window(std::string_view name) {
   return {name, "rows not 16-byte aligned in 16-byte accesses through their aligned windows, blocks by row lead",
@@ -101,6 +119,11 @@ constexpr std::array kFwd = {
     fwd_window<8>("fwd_win_tpr8"),
     fwd_window<16>("fwd_win_tpr16"),
     fwd_window<32>("fwd_win_tpr32"),
+    fwd_wide_win<1>("fwd_wide_win_c1"),
+    fwd_wide_win<2>("fwd_wide_win_c2"),
+    fwd_wide_win<4>("fwd_wide_win_c4"),
+    fwd_wide_win<8>("fwd_wide_win_c8"),
+    fwd_wide_win<16>("fwd_wide_win_c16"),
 };
 
 constexpr std::array kBwd = {
@@ -153,6 +176,11 @@ constexpr std::array kBwd = {
                "element",
                &bwd_cols_supports<&bwd_block_supports<true>, &bwd_block_run<true>>, &no_workspace,
                &bwd_cols_run<&bwd_block_supports<true>, &bwd_block_run<true>>},
+    bwd_wide_win_cols<1>("bwd_wide_win_c1_cols"),
+    bwd_wide_win_cols<2>("bwd_wide_win_c2_cols"),
+    bwd_wide_win_cols<4>("bwd_wide_win_c4_cols"),
+    bwd_wide_win_cols<8>("bwd_wide_win_c8_cols"),
+    bwd_wide_win_cols<16>("bwd_wide_win_c16_cols"),
 };
 
 }  // namespace

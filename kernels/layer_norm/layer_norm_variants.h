@@ -33,6 +33,13 @@ template <int kCluster, bool kSmemSums> bool bwd_wide_supports(const BwdParams& 
 template <int kCluster, bool kSmemSums> std::size_t bwd_wide_workspace(const BwdParams& p);
 template <int kCluster, bool kSmemSums> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream);
 
+// Wide rows not 16-byte aligned, through their 16-byte windows (layer_norm_window.cuh): the staged
+// persistent forward, and the backward's dx alone (dgamma/dbeta: only as bwd_cols_*'s base).
+template <int kCluster> bool fwd_wide_win_supports(const FwdParams& p);
+template <int kCluster> cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream);
+template <int kCluster> bool bwd_wide_win_supports(const BwdParams& p);
+template <int kCluster> cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream);
+
 // Rows not 16-byte aligned, read and written through their 16-byte-aligned windows: kTpr threads a
 // row as in *_regs, blocks taking rows of one lead (layer_norm_window.cu).
 template <int kTpr> bool fwd_window_supports(const FwdParams& p);

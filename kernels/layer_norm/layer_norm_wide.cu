@@ -21,13 +21,20 @@
 //                               in flight, or 2 at 3 blocks an SM. H200, bf16, 16M elements, with
 //                               bwd_clusters' cap: 1.04-1.37x the best variant before from D = 1,536
 //                               to 65,536 (bench/README.md, "Backward sums in shared memory").
+//   fwd_wide_win_c{1,...,16}    Rows not 16-byte aligned (odd widths in 16-bit, 65,538 columns),
+//   bwd_wide_win_c*_cols        in 16-byte accesses through their aligned windows
+//                               (layer_norm_window.cuh): the staged persistent forward, and the
+//                               backward's dx alone under the *_cols column sums (kWin below).
+//                               H100, 16M elements, bf16, D = 12,289: fwd+bwd 116.8 against 164.6 us
+//                               (bench/README.md, "Wide rows not 16-byte aligned through their
+//                               windows at cluster scale").
 //
 // x is read once and y (dx) written once, from registers, in the widest accesses the rows allow:
 // 16 bytes, else 8 or 4 (rows and pointers aligned that far). A thread holds as many accesses at
 // every width, not as many bytes: each access costs about the same registers (its address and
 // predicate) whatever its width, and holding 4x the 4-byte accesses took 128 registers and spilled
 // (H200, float32, D = 4,097: 158 against 37 us at 4,096). Rows aligned to only 2 bytes (16-bit, odd
-// cols) are left to the block variants.
+// cols) are left to the window variants (*_win_*) and the block ones.
 // Forward: two-pass variance within each part, the parts combined by Chan's formula
 // (M2 = sum of M2_r + n_r (mean_r - mean)^2), so no E[x^2] - E[x]^2 cancellation anywhere.
 // Backward: a persistent grid; each thread owns the same columns for the whole kernel and sums its
@@ -35,9 +42,12 @@
 // reduce_partials sums in a fixed order. Every sum has a fixed order: bit-identical results.
 #include <cooperative_groups.h>
 
+#include <numeric>
+
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_param_sums.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
+#include "kernels/layer_norm/layer_norm_window.cuh"
 
 namespace hfnn::kernels::layer_norm {
 namespace {
@@ -61,6 +71,7 @@ struct WideShape {
   int nv = 0;
   int bytes = 16;
   int64_t part = 0;
+  int64_t acc = 0;  // accesses a row (window: 16-byte packs that cover it from any lead)
   bool ok() const { return threads > 0; }
 };
 
@@ -80,14 +91,19 @@ int64_t accesses(int64_t cols, DType dtype, int bytes) {
 // registers, more blocks per SM) and 1 in bfloat16 (73% against 69%).
 constexpr int kFwdBlockThreads = 128, kBwdBlockThreads = 256;
 
-WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool backward, bool smem_sums = false) {
+// window: rows read through their 16-byte windows (the *_win_* variants): window_accesses() packs a
+// row, one row-group a block (a block keeps one lead).
+WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool backward, bool smem_sums = false,
+                     bool window = false) {
   // The backward's float32 may widen to 4 where 2 would need over 512 threads (a one-block row up
   // to 8,192 columns: 85% of copy bandwidth there against 63% split over a cluster); 16-bit types
   // would need 64 float sums a thread at 4. With the sums in shared memory (smem_sums) every dtype
   // may widen to 4 where 2 would need over 256 threads: H200, bf16, 16M elements, 2 accesses
   // against 4 where a row-group of 2 fits: 36.0 against 38.7 us at D = 2,048, 51.1 against 55.1 at
   // 10,240 (c8; 4 leaves 24 of 64 lanes idle there), 3% behind at 32,768 (c8).
-  const int max_threads = smem_sums ? kSmemSumsMaxThreads : kMaxThreads;
+  // (The window backward, dx alone, is shaped with smem_sums for its 4 accesses a thread but holds
+  // no sums: blocks of up to 512 threads, so float32 rows of 65,538 split over 16 blocks fit.)
+  const int max_threads = smem_sums && !window ? kSmemSumsMaxThreads : kMaxThreads;
   // Narrower accesses hold fewer bytes: the backward may take 8 of them, so that rows of 65,538
   // 16-bit columns (4-byte accesses) still fit 16 blocks; not 8 of 8 bytes with the sums in
   // registers in 16-bit (ptxas, sm_90: 476 bytes of spill in bf16). float32 takes 8 of 8 bytes
@@ -103,7 +119,8 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   const int preferred = backward ? 2 : 4;
   WideShape s;
   s.bytes = bytes;
-  const int64_t acc = accesses(cols, dtype, bytes);
+  const int64_t acc = window ? window_accesses(cols, 16 / static_cast<int>(dtype_size(dtype))) : accesses(cols, dtype, bytes);
+  s.acc = acc;
   s.part = (acc + cluster - 1) / cluster;
   int nv = preferred;
   while (nv > 1 && s.part < 32 * nv) nv /= 2;
@@ -113,15 +130,13 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   s.nv = nv;
   s.threads = static_cast<int>(threads);
   const int rows = (backward ? kBwdBlockThreads : kFwdBlockThreads) / s.threads;
-  s.rows = rows < 1 ? 1 : (rows > kMaxGroupRows ? kMaxGroupRows : rows);
+  s.rows = window || rows < 1 ? 1 : (rows > kMaxGroupRows ? kMaxGroupRows : rows);
   return s;
 }
 
 // Whether the row splits into `cluster` parts of at least a warp's accesses each, every block
 // with some of the row.
-bool splits(int64_t cols, DType dtype, const WideShape& s, int cluster) {
-  return s.ok() && s.part >= 32 && (cluster - 1) * s.part < accesses(cols, dtype, s.bytes);
-}
+bool splits(const WideShape& s, int cluster) { return s.ok() && s.part >= 32 && (cluster - 1) * s.part < s.acc; }
 
 // The access width for rows of `cols` at `pointers`: 16, 8 or 4 bytes; 0 where the rows are
 // aligned to less than 4 bytes (16-bit, odd cols), which the wide variants do not take.
@@ -203,8 +218,15 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 // load_staged's layout after the first row's loads are issued (fwd_smem_bytes), then read on every
 // row. Otherwise every row reads them from global memory (one row-group a block: staging would be a
 // latency chain nothing hides).
-template <typename T, int kNv, int kBytes, bool kStaged>
+//
+// kWin (fwd_wide_win_c*, with kStaged and 16-byte packs): rows not 16-byte aligned, read through
+// their windows (layer_norm_window.cuh): pack a covers window positions [a * kV, a * kV + kV), column
+// position - lead. A block has one row-group, and the grid is a multiple of the rows' lead period
+// (window_clusters), so every row a block visits has its first row's lead: gamma and beta are
+// staged once, shifted by it. y at another lead than x is written an element at a time.
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin = false>
 __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part) {
+  static_assert(!kWin || (kStaged && kBytes == 16));
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
   extern __shared__ __align__(16) float params[];  // kStaged: [part * kV] gamma, then beta
@@ -214,23 +236,34 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   __shared__ float2 slots[2][kMaxGroupRows];  // the cluster's exchange (Hopper only)
   const cg::cluster_group cluster = cg::this_cluster();
 #endif
-  const int64_t cols = p.cols, acc = cols / kV;
+  const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
   const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
-  const float n_here = part_elements(rank, part, acc, kV);
+  // kWin: the lead of every row the group visits, and the window's end (cols <= kMaxWindowCols).
+  const int lead = kWin ? row_lead<T>(p.x, (cid * blockDim.y + group) * cols) : 0;
+  const int end = kWin ? lead + static_cast<int>(cols) : 0;
+  auto elements = [&](int r) -> float {
+    if constexpr (kWin) return window_part_elements(r, part, acc, kV, lead, end);
+    else return part_elements(r, part, acc, kV);
+  };
+  const float n_here = elements(rank);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
+  // kWin: whether y is at x's lead (16-byte stores), as it is unless the caller's x is offset.
+  const bool y_vector = !kWin || same_lead_device(p.x, p.y);
   wait_for_previous_grid();
   allow_next_grid();
 
-  // The group's row starting at row0, as loaded (zeros past the last row and the part's end).
+  // The group's row starting at row0, as loaded (zeros past the last row and the part's end; kWin:
+  // the window's ends still hold the neighbouring rows' elements until mask_window).
   auto load = [&](int64_t row0, Pack<T, kBytes> (&dst)[kNv]) {
     const int64_t row = row0 + group;
-    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols - lead;
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      dst[i] = row < p.rows && a < a1 ? load_pack<T, kBytes>(x + a * kV) : zero_pack<T, kBytes>();
+      dst[i] = row < p.rows && a < a1 && (!kWin || a * kV < end) ? load_pack<T, kBytes>(x + a * kV)
+                                                                  : zero_pack<T, kBytes>();
     }
   };
   // The loop bound is the cluster's first row: every block of the cluster, and every thread of a
@@ -242,8 +275,13 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   if (first < p.rows) load(first, next);
   if constexpr (kStaged) {  // with the first row's loads in flight
     const int tid = group * blockDim.x + lane, threads = blockDim.x * blockDim.y;
-    stage_param<T, kBytes>(params, gamma, 1.f, a0, a1 - a0, part, tid, threads);
-    stage_param<T, kBytes>(params + part * kV, beta, 0.f, a0, a1 - a0, part, tid, threads);
+    if constexpr (kWin) {
+      stage_param_window<T, kNv>(params, gamma, 1.f, a0, a1 - a0, part, tid, threads, lead, cols);
+      stage_param_window<T, kNv>(params + part * kV, beta, 0.f, a0, a1 - a0, part, tid, threads, lead, cols);
+    } else {
+      stage_param<T, kBytes>(params, gamma, 1.f, a0, a1 - a0, part, tid, threads);
+      stage_param<T, kBytes>(params + part * kV, beta, 0.f, a0, a1 - a0, part, tid, threads);
+    }
     __syncthreads();
   }
   int parity = 0;
@@ -252,6 +290,10 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #pragma unroll
     for (int i = 0; i < kNv; ++i) cur[i] = next[i];
     if (row0 + stride < p.rows) load(row0 + stride, next);  // uniform over the cluster
+    if constexpr (kWin) {  // after the next row's loads are issued: a mask waits for its load
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) mask_window(cur[i], static_cast<int>((a0 + i * tpr + lane) * kV), lead, end);
+    }
     const int64_t row = row0 + group;
     float s = 0.f;
 #pragma unroll
@@ -269,10 +311,11 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
       if (a0 + i * tpr + lane < a1) {
         float v[kV];
         unpack(cur[i], v);
+        const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
 #pragma unroll
         for (int k = 0; k < kV; ++k) {
           const float d = v[k] - m_here;
-          q += d * d;
+          if (!kWin || (pos + k >= lead && pos + k < end)) q += d * d;  // kWin: the row's elements only
         }
       }
     }
@@ -289,7 +332,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
       float n_r = 0.f;
       if (r < C) {
         o = *cluster.map_shared_rank(&slots[parity][group], r);
-        n_r = part_elements(r, part, acc, kV);
+        n_r = elements(r);
       }
       // Butterfly sums over the warp's lanes: the same order in every lane and every block, so
       // every block of the cluster gets bit-identical statistics.
@@ -300,7 +343,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #endif
     const float rstd = rsqrtf(m2 * inv_cols + p.eps);
     if (row < p.rows) {
-      T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+      T* __restrict__ y = static_cast<T*>(p.y) + row * cols - lead;
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
         const int64_t a = a0 + i * tpr + lane;
@@ -333,7 +376,8 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #pragma unroll
           for (int k = 0; k < kV; ++k) out[k] += b[k];
         }
-        store_pack(y + a * kV, pack<T, kBytes>(out));
+        if constexpr (kWin) store_window<T>(y, static_cast<int>(a * kV), lead, end, y_vector, out);
+        else store_pack(y + a * kV, pack<T, kBytes>(out));
       }
       if (rank == 0 && lane == 0 && p.mean) {
         p.mean[row] = mean;
@@ -356,20 +400,22 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 // The staged body reads a row's gamma and beta ahead as floats (ptxas: 103-115 registers at 4
 // accesses of 16 bytes without a cap), so it runs under the cap up to 4 accesses a thread (64
 // registers, no spill); at 8 the cap spilled 24-184 bytes, and it keeps the plain bound.
-template <typename T, int kNv, int kBytes, bool kStaged>
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin>
 __global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
-  fwd_wide_body<T, kNv, kBytes, kStaged>(p, part);
+  fwd_wide_body<T, kNv, kBytes, kStaged, kWin>(p, part);
 }
-template <typename T, int kNv, int kBytes, bool kStaged>
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin>
 __global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdParams p, const int64_t part) {
-  fwd_wide_body<T, kNv, kBytes, kStaged>(p, part);
+  fwd_wide_body<T, kNv, kBytes, kStaged, kWin>(p, part);
 }
-template <typename T, int kNv, int kBytes, bool kStaged = false>
+// The window forward keeps the plain bound: its staging holds a thread's gamma (then beta) loads
+// in flight at once, kNv x 8 floats in 16-bit.
+template <typename T, int kNv, int kBytes, bool kStaged = false, bool kWin = false>
 constexpr auto fwd_wide_entry() {
-  if constexpr ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16))
-    return fwd_wide_kernel_two<T, kNv, kBytes, kStaged>;
+  if constexpr (!kWin && ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16)))
+    return fwd_wide_kernel_two<T, kNv, kBytes, kStaged, kWin>;
   else
-    return fwd_wide_kernel<T, kNv, kBytes, kStaged>;
+    return fwd_wide_kernel<T, kNv, kBytes, kStaged, kWin>;
 }
 
 // Blocks of 512 threads the compiler must fit on an SM at once (a register cap): two where a thread
@@ -386,10 +432,15 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // vectors of kW floats (a warp's vectors contiguous: no bank conflicts), read, added to and written
 // back once a row, instead of 2 x kNv x kV registers: in 16-bit, those registers (more than the
 // packed x and dy) are what kept the kernel at 2 blocks an SM with 64 bytes a thread in flight.
-template <typename T, int kNv, int kBytes, bool kSmemSums = false>
+// kWin (the base of bwd_wide_win_c*_cols; 16-byte packs, no kSmemSums): dx alone, for rows not
+// 16-byte aligned, through their windows as fwd_wide_body's kWin (one row-group a block, one lead
+// a block, gamma staged shifted by it); dy or dx at another lead than x an element at a time.
+template <typename T, int kNv, int kBytes, bool kSmemSums = false, bool kWin = false>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part) {
+  static_assert(!kWin || (!kSmemSums && kBytes == 16));
+  constexpr bool kRegSums = !kSmemSums && !kWin;  // dgamma/dbeta summed in registers
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
   // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
   // for the block's columns as floats, in load_staged's layout (bwd_smem_bytes).
@@ -411,10 +462,16 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   __shared__ float2 slots[2][kMaxGroupRows];  // the cluster's exchange (Hopper only)
   const cg::cluster_group cluster = cg::this_cluster();
 #endif
-  const int64_t cols = p.cols, acc = cols / kV;
+  const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
   const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const int lead = kWin ? row_lead<T>(p.x, (cid * blockDim.y + group) * cols) : 0;
+  const int end = kWin ? lead + static_cast<int>(cols) : 0;
+  const bool dy_vector = !kWin || same_lead_device(p.x, p.dy);
+  const bool dx_vector = !kWin || same_lead_device(p.x, p.dx);
+  // dx alone (an output mask, or a *_cols variant's base): no sums. Uniform over the grid.
+  const bool want_params = p.dgamma || p.dbeta;
   wait_for_previous_grid();
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
 
@@ -424,13 +481,14 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   // test a row.
   float* const gamma_s =
       fold + (kSmemSums ? kStride * kNv * kV * 2 : (blockDim.y > 1 ? static_cast<int64_t>(part) * kV : 0));
-  float dg[kSmemSums ? 1 : kNv][kV], db[kSmemSums ? 1 : kNv][kV];
+  float dg[kRegSums ? kNv : 1][kV], db[kRegSums ? kNv : 1][kV];
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
     if constexpr (kSmemSums) {
+      if (!want_params) break;
 #pragma unroll
       for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};  // own slots: no barrier
-    } else {
+    } else if constexpr (kRegSums) {
 #pragma unroll
       for (int k = 0; k < kV; ++k) dg[i][k] = db[i][k] = 0.f;
     }
@@ -443,16 +501,17 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   auto load = [&](int64_t row0) {
     const int64_t row = row0 + group;
     const bool valid = row < p.rows;
-    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
-    const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols - lead;
+    const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols - lead;
     next_mean = valid ? p.mean[row] : 0.f;
     next_rstd = valid ? p.rstd[row] : 0.f;
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      if (valid && a < a1) {
+      if (valid && a < a1 && (!kWin || a * kV < end)) {
         next_x[i] = load_pack<T, kBytes>(x + a * kV);
-        next_dy[i] = load_pack<T, kBytes>(dy + a * kV);
+        if constexpr (kWin) next_dy[i] = load_window_raw<T>(dy, static_cast<int>(a * kV), lead, end, dy_vector);
+        else next_dy[i] = load_pack<T, kBytes>(dy + a * kV);
       } else {
         next_x[i] = next_dy[i] = zero_pack<T, kBytes>();
       }
@@ -460,7 +519,10 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   };
   const int64_t first = cid * blockDim.y;
   if (first < p.rows) load(first);
-  stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);  // loads in flight
+  if constexpr (kWin)  // loads in flight
+    stage_param_window<T, kNv>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y, lead, cols);
+  else
+    stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);
   __syncthreads();
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
@@ -472,6 +534,14 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
     const float mean = next_mean, rstd = next_rstd;
     if (row0 + stride < p.rows) load(row0 + stride);  // in flight through this row's sums and barrier
+    if constexpr (kWin) {  // zeros outside the row: dy's make its sums' terms 0 there, x's keep them finite
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
+        mask_window(xs[i], pos, lead, end);
+        mask_window(ds[i], pos, lead, end);
+      }
+    }
     const int64_t row = row0 + group;
     float2 sums = make_float2(0.f, 0.f);  // sum of g = dy * gamma, and of g * xhat
 #pragma unroll
@@ -493,8 +563,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
       }
       // rows past the end add 0 to dgamma and dbeta: dy is 0 there
       if constexpr (kSmemSums) {
-        add_param_sums<kV, kW>([&](int j) -> Sum& { return slot(i, j); }, dv, xhat);
-      } else {
+        if (want_params) add_param_sums<kV, kW>([&](int j) -> Sum& { return slot(i, j); }, dv, xhat);
+      } else if constexpr (kRegSums) {
         add_param_sums(dg[i], db[i], dv, xhat);
       }
     }
@@ -525,7 +595,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     const float cc = -ca * sums.y * inv_cols;
     const float cx = cc * rstd;
     const float bx = cb - cx * mean;
-    T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols;
+    T* __restrict__ dx = static_cast<T*>(p.dx) + row * cols - lead;
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
@@ -543,11 +613,14 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
           out[k] = fmaf(ca, dv[k] * gv[k], fmaf(cc, xhat, cb));
         }
       }
-      store_pack(dx + a * kV, pack<T, kBytes>(out));
+      if constexpr (kWin) store_window<T>(dx, static_cast<int>(a * kV), lead, end, dx_vector, out);
+      else store_pack(dx + a * kV, pack<T, kBytes>(out));
     }
   }
 
-  if constexpr (kSmemSums) {
+  if constexpr (kWin) {
+    // dx alone: no sums
+  } else if constexpr (kSmemSums) {
     if (p.dgamma || p.dbeta) {  // uniform over the grid
       // The same fixed order as below: group g adds the running total of groups 0 .. g - 1 (in the
       // slots of its lane's thread in group g - 1) to its own; the last group writes the partial row.
@@ -683,6 +756,9 @@ std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums = fal
 // least one block per SM. A twelfth, the first choice, held 16-bit rows of 3K to 64K columns at 16M
 // elements to one block an SM; a third, H200, bf16: bwd_wide_c1 at D = 3,072 52.6 -> 42.7 us, c8 at
 // 10,240 69.6 -> 62.1, c16 at 24,576 76.8 -> 71.2; float32 within 0.5% (more allowed: no faster).
+// Kept for dx alone too (the *_cols bases), though it then has no partial rows: there the grid
+// leaves SMs to the column sums that run beside it; every resident cluster instead cost up to 1.5x
+// (H100, 1M elements, bwd_wide_c1_cols and c2_cols in bf16 at 1,024-4,096 columns: 0.66-0.85x).
 template <typename K>
 int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster, bool smem_sums) {
   const int64_t needed = (p.rows + s.rows - 1) / s.rows;
@@ -697,6 +773,31 @@ int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int clust
   return n > 0 ? n : 1;
 }
 
+// The window variants (fwd_wide_win_c*, bwd_wide_win_c*_cols) take rows that are not 16-byte
+// aligned (16-byte rows are the other wide variants'), every tensor aligned to its element, rows
+// whose window positions fit an int.
+bool window_rows(const void* x, int64_t rows, int64_t cols, DType dtype, int device,
+                 std::initializer_list<const void*> pointers) {
+  if (rows <= 0 || cols <= 0 || cols > kMaxWindowCols || device < 0) return false;
+  const int esize = static_cast<int>(dtype_size(dtype));
+  if (!elem_aligned(pointers, esize) || !elem_aligned({x}, esize)) return false;
+  return access_bytes(cols, esize, pointers) < 16;
+}
+
+// A window grid's clusters, from the `most` that run at once: every row its own (one row-group a
+// block), or a multiple of the period of the rows' leads, so that every row a block visits has the
+// lead of its first (row r + n starts n x cols elements after row r). Where fewer than a period run
+// at once, a period of them anyway: nothing waits across the grid (only within a cluster), so the
+// rest start as others finish. 0: none runs at all.
+int64_t window_clusters(int64_t most, int64_t rows, int64_t cols, DType dtype) {
+  if (most < 1) return 0;
+  if (most >= rows) return rows;
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dtype)), rest = cols % vec;
+  const int64_t period = rest == 0 ? 1 : vec / std::gcd(vec, rest);
+  if (most < period) return period < rows ? period : rows;
+  return most - most % period;
+}
+
 }  // namespace
 
 template <int kCluster, bool kStaged>
@@ -704,7 +805,7 @@ bool fwd_wide_supports(const FwdParams& p) {
   const int bytes = fwd_bytes(p);
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
-  if (!splits(p.cols, p.dtype, s, kCluster)) return false;
+  if (!splits(s, kCluster)) return false;
   const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged>(), s, smem, kCluster, p.device)
@@ -725,7 +826,7 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const int bytes = fwd_bytes(p);
   if (!bytes) return cudaErrorInvalidValue;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
-  if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
+  if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
     auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged>();
     if constexpr (kCluster > 8) {
@@ -752,7 +853,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   const int bytes = bwd_bytes(p);
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
-  if (!splits(p.cols, p.dtype, s, kCluster)) return false;
+  if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, s, smem, kCluster, p.device)
@@ -782,7 +883,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   const int bytes = bwd_bytes(p);
   if (!bytes) return cudaErrorInvalidValue;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
-  if (!splits(p.cols, p.dtype, s, kCluster)) return cudaErrorInvalidValue;
+  if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
     auto kernel = bwd_wide_kernel<T, kNv, kBytes, kSmemSums>;
     if constexpr (kCluster > 8) {
@@ -801,6 +902,103 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   });
 }
 
+// The window forward: the staged persistent forward (fwd_wide_c*_ps) for rows not 16-byte aligned,
+// through their windows. Where the rows allow 4- or 8-byte accesses the other wide variants take
+// them too, and the sweep's data chooses.
+template <int kCluster>
+bool fwd_wide_win_supports(const FwdParams& p) {
+  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta})) return false;
+  const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
+  if (!splits(s, kCluster)) return false;
+  const std::size_t smem = fwd_smem_bytes(s, p.dtype);
+  return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
+           if constexpr (kBytes == 16) {
+             auto kernel = fwd_wide_entry<T, kNv, kBytes, true, true>();
+             if (shape_fits(kernel, s, smem, kCluster, p.device) &&
+                 window_clusters(resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem,
+                                                   kCluster, p.device),
+                                 p.rows, p.cols, p.dtype) > 0)
+               return cudaSuccess;
+           }
+           return cudaErrorInvalidValue;
+         }) == cudaSuccess;
+}
+
+template <int kCluster>
+cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
+  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta}))
+    return cudaErrorInvalidValue;
+  const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
+  if (!splits(s, kCluster)) return cudaErrorInvalidValue;
+  return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
+    if constexpr (kBytes != 16) {
+      return cudaErrorInvalidValue;
+    } else {
+      auto kernel = fwd_wide_entry<T, kNv, kBytes, true, true>();
+      if constexpr (kCluster > 8) {
+        if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
+          return err;
+      }
+      const std::size_t smem = fwd_smem_bytes(s, p.dtype);
+      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+      const int64_t clusters = window_clusters(
+          resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device), p.rows,
+          p.cols, p.dtype);
+      if (clusters < 1) return cudaErrorInvalidValue;
+      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                    kCluster, p, s.part);
+    }
+  });
+}
+
+// The window backward's dx alone (the base of bwd_wide_win_c*_cols, which sums dgamma and dbeta
+// down the columns): it says no where they are asked of it. Shaped as the backward with its sums
+// in shared memory (up to 4 packs a thread, 256 threads a block), which it does not hold.
+template <int kCluster>
+bool bwd_wide_win_supports(const BwdParams& p) {
+  if (p.dgamma || p.dbeta) return false;
+  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma})) return false;
+  const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);
+  if (!splits(s, kCluster)) return false;
+  const std::size_t smem = bwd_smem_bytes(s, p.dtype);
+  return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
+           if constexpr (kBytes == 16) {
+             auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true>;
+             if (shape_fits(kernel, s, smem, kCluster, p.device) &&
+                 window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype) > 0)
+               return cudaSuccess;
+           }
+           return cudaErrorInvalidValue;
+         }) == cudaSuccess;
+}
+
+template <int kCluster>
+cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
+  if (p.dgamma || p.dbeta) return cudaErrorInvalidValue;
+  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma}))
+    return cudaErrorInvalidValue;
+  if (!p.dx) return cudaSuccess;
+  const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);
+  if (!splits(s, kCluster)) return cudaErrorInvalidValue;
+  return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
+    if constexpr (kBytes != 16) {
+      return cudaErrorInvalidValue;
+    } else {
+      auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true>;
+      if constexpr (kCluster > 8) {
+        if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
+          return err;
+      }
+      const std::size_t smem = bwd_smem_bytes(s, p.dtype);
+      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+      const int64_t clusters = window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype);
+      if (clusters < 1) return cudaErrorInvalidValue;
+      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                    kCluster, p, s.part);
+    }
+  });
+}
+
 #define HFNN_WIDE(C)                                                           \
   template bool fwd_wide_supports<C, false>(const FwdParams&);                 \
   template cudaError_t fwd_wide_run<C, false>(const FwdParams&, cudaStream_t); \
@@ -811,7 +1009,11 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   template cudaError_t bwd_wide_run<C, false>(const BwdParams&, cudaStream_t); \
   template bool bwd_wide_supports<C, true>(const BwdParams&);                  \
   template std::size_t bwd_wide_workspace<C, true>(const BwdParams&);          \
-  template cudaError_t bwd_wide_run<C, true>(const BwdParams&, cudaStream_t);
+  template cudaError_t bwd_wide_run<C, true>(const BwdParams&, cudaStream_t);  \
+  template bool fwd_wide_win_supports<C>(const FwdParams&);                    \
+  template cudaError_t fwd_wide_win_run<C>(const FwdParams&, cudaStream_t);    \
+  template bool bwd_wide_win_supports<C>(const BwdParams&);                    \
+  template cudaError_t bwd_wide_win_run<C>(const BwdParams&, cudaStream_t);
 HFNN_WIDE(1)
 HFNN_WIDE(2)
 HFNN_WIDE(4)

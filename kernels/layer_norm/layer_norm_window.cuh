@@ -95,6 +95,24 @@ __device__ __forceinline__ void store_window(T* w, int pos, int lead, int end, b
     if (pos + k >= lead && pos + k < end) w[pos + k] = from_float<T>(out[k]);
 }
 
+// 16-byte packs that cover a row of `cols` from any lead (up to kV - 1 positions before its first
+// element): what a kernel that takes rows of every lead holds for each.
+__host__ __device__ inline int64_t window_accesses(int64_t cols, int vec) { return (cols + 2 * vec - 2) / vec; }
+
+// The row's elements among the window positions of packs [r * part, (r + 1) * part) (of `acc`):
+// cluster rank r's part of a row at `lead` that ends at window position `end`.
+__device__ __forceinline__ float window_part_elements(int r, int64_t part, int64_t acc, int vec, int lead, int end) {
+  const int64_t a1 = (r + 1) * part < acc ? (r + 1) * part : acc;
+  auto clamp = [&](int64_t q) { return q < lead ? int64_t{lead} : (q > end ? int64_t{end} : q); };
+  const int64_t n = clamp(a1 * vec) - clamp(r * part * vec);
+  return n > 0 ? static_cast<float>(n) : 0.f;
+}
+
+// Device: whether b starts at the same offset in its 16 bytes as a.
+__device__ __forceinline__ bool same_lead_device(const void* a, const void* b) {
+  return (reinterpret_cast<std::uintptr_t>(b) - reinterpret_cast<std::uintptr_t>(a)) % 16 == 0;
+}
+
 // The lead of the row starting at element `offset` of a tensor whose first element is at x.
 template <typename T>
 __device__ __forceinline__ int row_lead(const void* x, int64_t offset) {

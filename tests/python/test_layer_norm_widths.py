@@ -167,7 +167,9 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     access the rows allow, say yes to every such row of up to 256 columns, the wide ones to rows of
     1,024 to 4,096 aligned to 4 bytes or more, and the window variants to every row not 16-byte
     aligned up to 2,041 columns in 16-bit (1,021 in float32), bwd_win_tpr32_smem to those of more
-    than 8 elements a lane, and bwd_block_win to exactly the rows aligned to one element. x and dy sit at the offset and dx is
+    than 8 elements a lane, the one-block wide window variants to every such row of 32 to 4,096
+    packs (the backward to 2,048) and to no 16-byte row, and bwd_block_win to exactly the rows
+    aligned to one element. x and dy sit at the offset and dx is
     fresh, so the window variants' element-at-a-time path for tensors of another lead runs here."""
     variants = hfnn.layer_norm_variants()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} offsets".encode()))
@@ -201,6 +203,18 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
                     takers += ("bwd_win_tpr32_smem",)
                 elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, "bwd_win_tpr32_smem"):
                     failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: bwd_win_tpr32_smem takes {packs} packs")
+            # The wide window variants take every row not 16-byte aligned that one block holds:
+            # the forward to 4,096 packs (8 a thread; gamma and beta as floats in the 227 KB of shared
+            # memory a block may have, less the kernel's 384 bytes of its own), the backward's dx to
+            # 2,048 (4 a thread).
+            if (cols * dtype.itemsize) % 16 or (offset * dtype.itemsize) % 16:
+                packs = (cols + 2 * vec - 2) // vec
+                if 32 <= packs <= 4096 and packs * vec * 8 + 384 <= 227 * 1024:
+                    takers += ("fwd_wide_win_c1",)
+                if 32 <= packs <= 2048:
+                    takers += ("bwd_wide_win_c1_cols",)
+            elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, "fwd_wide_win_c1"):
+                failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: fwd_wide_win_c1 takes a 16-byte row")
             # bwd_block_win takes exactly the rows aligned to one element (odd widths, odd offsets);
             # wider-aligned rows are bwd_block's.
             element_only = cols % 2 == 1 or offset % 2 == 1
