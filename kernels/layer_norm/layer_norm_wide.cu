@@ -42,8 +42,6 @@
 // reduce_partials sums in a fixed order. Every sum has a fixed order: bit-identical results.
 #include <cooperative_groups.h>
 
-#include <numeric>
-
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_param_sums.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
@@ -119,7 +117,8 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   const int preferred = backward ? 2 : 4;
   WideShape s;
   s.bytes = bytes;
-  const int64_t acc = window ? window_accesses(cols, 16 / static_cast<int>(dtype_size(dtype))) : accesses(cols, dtype, bytes);
+  const int64_t acc =
+      window ? window_accesses(cols, 16 / static_cast<int>(dtype_size(dtype))) : accesses(cols, dtype, bytes);
   s.acc = acc;
   s.part = (acc + cluster - 1) / cluster;
   int nv = preferred;
@@ -250,7 +249,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
   // kWin: whether y is at x's lead (16-byte stores), as it is unless the caller's x is offset.
-  const bool y_vector = !kWin || same_lead_device(p.x, p.y);
+  const bool y_vector = !kWin || same_lead(p.x, p.y);
   wait_for_previous_grid();
   allow_next_grid();
 
@@ -468,8 +467,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const int lead = kWin ? row_lead<T>(p.x, (cid * blockDim.y + group) * cols) : 0;
   const int end = kWin ? lead + static_cast<int>(cols) : 0;
-  const bool dy_vector = !kWin || same_lead_device(p.x, p.dy);
-  const bool dx_vector = !kWin || same_lead_device(p.x, p.dx);
+  const bool dy_vector = !kWin || same_lead(p.x, p.dy);
+  const bool dx_vector = !kWin || same_lead(p.x, p.dx);
   // dx alone (an output mask, or a *_cols variant's base): no sums. Uniform over the grid.
   const bool want_params = p.dgamma || p.dbeta;
   wait_for_previous_grid();
@@ -776,12 +775,10 @@ int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int clust
 // The window variants (fwd_wide_win_c*, bwd_wide_win_c*_cols) take rows that are not 16-byte
 // aligned (16-byte rows are the other wide variants'), every tensor aligned to its element, rows
 // whose window positions fit an int.
-bool window_rows(const void* x, int64_t rows, int64_t cols, DType dtype, int device,
-                 std::initializer_list<const void*> pointers) {
+bool window_rows(int64_t rows, int64_t cols, DType dtype, int device, std::initializer_list<const void*> pointers) {
   if (rows <= 0 || cols <= 0 || cols > kMaxWindowCols || device < 0) return false;
   const int esize = static_cast<int>(dtype_size(dtype));
-  if (!elem_aligned(pointers, esize) || !elem_aligned({x}, esize)) return false;
-  return access_bytes(cols, esize, pointers) < 16;
+  return elem_aligned(pointers, esize) && access_bytes(cols, esize, pointers) < 16;
 }
 
 // A window grid's clusters, from the `most` that run at once: every row its own (one row-group a
@@ -792,8 +789,7 @@ bool window_rows(const void* x, int64_t rows, int64_t cols, DType dtype, int dev
 int64_t window_clusters(int64_t most, int64_t rows, int64_t cols, DType dtype) {
   if (most < 1) return 0;
   if (most >= rows) return rows;
-  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(dtype)), rest = cols % vec;
-  const int64_t period = rest == 0 ? 1 : vec / std::gcd(vec, rest);
+  const int64_t period = window_period(cols, 16 / static_cast<int>(dtype_size(dtype)));
   if (most < period) return period < rows ? period : rows;
   return most - most % period;
 }
@@ -907,7 +903,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
 // them too, and the sweep's data chooses.
 template <int kCluster>
 bool fwd_wide_win_supports(const FwdParams& p) {
-  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta})) return false;
+  if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta})) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = fwd_smem_bytes(s, p.dtype);
@@ -926,7 +922,7 @@ bool fwd_wide_win_supports(const FwdParams& p) {
 
 template <int kCluster>
 cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
-  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta}))
+  if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta}))
     return cudaErrorInvalidValue;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
@@ -957,7 +953,7 @@ cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
 template <int kCluster>
 bool bwd_wide_win_supports(const BwdParams& p) {
   if (p.dgamma || p.dbeta) return false;
-  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma})) return false;
+  if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma})) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype);
@@ -975,7 +971,7 @@ bool bwd_wide_win_supports(const BwdParams& p) {
 template <int kCluster>
 cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
   if (p.dgamma || p.dbeta) return cudaErrorInvalidValue;
-  if (!window_rows(p.x, p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma}))
+  if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma}))
     return cudaErrorInvalidValue;
   if (!p.dx) return cudaSuccess;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);

@@ -33,7 +33,6 @@
 //     code with lead 0), up to kTpr x 8 packs a row less one pack's lead (x 10 in the float32
 //     forward).
 #include <algorithm>
-#include <numeric>
 
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_param_sums.cuh"
@@ -45,12 +44,6 @@ namespace {
 
 constexpr int kFwdBlock = 128;
 constexpr int kBwdBlock = 256;
-
-// Rows between two rows with the same lead: V / gcd(cols mod V, V), V elements a 16-byte pack.
-int window_period(int64_t cols, int vec) {
-  const int r = static_cast<int>(cols % vec);
-  return r == 0 ? 1 : vec / std::gcd(r, vec);
-}
 
 // Packs a lane holds a row in, for a row of `cols` that may start up to V - 1 elements into its
 // window: the smallest of 1 to 6 and 8; 0 where 8 are not enough. Not only powers of two: a row of

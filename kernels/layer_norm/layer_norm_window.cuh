@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
 
 #include "kernels/common/device.cuh"
 
@@ -24,11 +25,22 @@ inline bool elem_aligned(std::initializer_list<const void*> pointers, int elem) 
   return true;
 }
 
-// Host: whether every pointer starts at the same offset in its 16 bytes as `x`.
+// Whether b starts at the same offset in its 16 bytes as a (host and device).
+__host__ __device__ inline bool same_lead(const void* a, const void* b) {
+  return (reinterpret_cast<std::uintptr_t>(b) - reinterpret_cast<std::uintptr_t>(a)) % 16 == 0;
+}
+
+// Host: whether every pointer (null ones ignored) starts at the same offset in its 16 bytes as `x`.
 inline bool same_lead(const void* x, std::initializer_list<const void*> others) {
   for (const void* p : others)
-    if (p && (reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(x)) % 16 != 0) return false;
+    if (p && !same_lead(x, p)) return false;
   return true;
+}
+
+// Rows between two rows with the same lead: V / gcd(cols mod V, V), V elements a 16-byte pack.
+inline int window_period(int64_t cols, int vec) {
+  const int r = static_cast<int>(cols % vec);
+  return r == 0 ? 1 : vec / std::gcd(r, vec);
 }
 
 // Zeroes the elements of a pack at window positions [pos, pos + V) that are outside [lead, end).
@@ -106,11 +118,6 @@ __device__ __forceinline__ float window_part_elements(int r, int64_t part, int64
   auto clamp = [&](int64_t q) { return q < lead ? int64_t{lead} : (q > end ? int64_t{end} : q); };
   const int64_t n = clamp(a1 * vec) - clamp(r * part * vec);
   return n > 0 ? static_cast<float>(n) : 0.f;
-}
-
-// Device: whether b starts at the same offset in its 16 bytes as a.
-__device__ __forceinline__ bool same_lead_device(const void* a, const void* b) {
-  return (reinterpret_cast<std::uintptr_t>(b) - reinterpret_cast<std::uintptr_t>(a)) % 16 == 0;
 }
 
 // The lead of the row starting at element `offset` of a tensor whose first element is at x.
