@@ -17,6 +17,8 @@ widths between them, which the data never saw.
     python3 bench/layer_norm_sweep.py --out sweep.json --candidates torch variants
     python3 bench/layer_norm_sweep.py --out compile.json --candidates compile --sizes 16M
     python3 bench/layer_norm_sweep.py --merge bench/results/layer_norm_sweep-h200.json sweep.json compile.json
+    #   (OUT holds the parts' records alone, the last part's where two measure the same: to add to an
+    #   existing OUT, name it as the first part; one that is not a part is refused)
     # anywhere: the built-in choice's data (compiled into hfnn)
     python3 bench/layer_norm_sweep.py --defaults src/layer_norm_defaults.json bench/results/layer_norm_sweep-*.json
     # on the GPU again, with hfnn rebuilt: the built-in choice against torch, measured and in between
@@ -693,6 +695,10 @@ def main():
     elif args.merge:
         if len(args.merge) < 2:
             sys.exit("bench/layer_norm_sweep.py: --merge OUT PART [PART ...]")
+        out = args.merge[0]
+        if out.exists() and not any(p.exists() and p.samefile(out) for p in args.merge[1:]):
+            sys.exit(f"bench/layer_norm_sweep.py: --merge: {out} exists and is not among the parts, so its records "
+                     f"would be lost: name it as a part too (--merge {out} {out} ...) or write elsewhere")
         merged = {}
         for p in args.merge[1:]:
             for r in load(p):

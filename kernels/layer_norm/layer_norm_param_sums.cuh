@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_window.cuh"
 
 namespace hfnn::kernels::layer_norm {
 
@@ -106,29 +107,102 @@ __device__ __forceinline__ void stage_param(float* s, const T* param, float miss
   }
 }
 
-// stage_param for a row read through its window at `lead` (layer_norm_window.cuh): access a's
-// element k is column a * kV + k - lead, `missing` outside [0, cols); a parameter at any element
-// alignment, read an element at a time, once a block. A thread stages at most kN accesses (n <= kN x
-// threads), and issues all their loads before it stores any: one load latency, not kN (where a
-// cluster visits one row, as 16 rows of 65,538 columns do, that latency is the kernel's).
+// A parameter (gamma, beta: cols elements at any element alignment) read for rows at `lead`
+// through their windows (layer_norm_window.cuh): the row's window pack a (columns a x kV - lead
+// onward) is element o onward of the parameter's own window pack a + shift and the next, two
+// aligned 16-byte loads shifted into place (shift_pack), where an element at a time took kV loads
+// and as many bounds tests (the window forward issued 1.8x the aligned one's instructions at 16
+// rows of 65,538 columns, one row a cluster: bench/README.md, "Wide rows not 16-byte aligned
+// through their windows at cluster scale"). Null param: `missing` everywhere.
+template <typename T>
+struct ParamWindow {
+  const T* pw = nullptr;  // the parameter's window (16-byte aligned); null: no parameter
+  int64_t packs = 0;      // its packs: none past them is read
+  int shift = 0, o = 0;
+  float missing = 0.f;
+
+  __device__ __forceinline__ ParamWindow(const T* param, float missing_value, int lead, int64_t cols)
+      : missing(missing_value) {
+    if (!param) return;
+    constexpr int kV = kVec<T, 16>;
+    const int plead = static_cast<int>((reinterpret_cast<std::uintptr_t>(param) % 16) / sizeof(T));
+    pw = param - plead;
+    packs = (plead + cols + kV - 1) / kV;
+    const int d = plead - lead;  // in (-kV, kV)
+    shift = d < 0 ? -1 : 0;
+    o = d - shift * kV;
+  }
+
+  // The two packs behind the row's window pack a (zeros where there are none or !valid).
+  __device__ __forceinline__ void load(int64_t a, bool valid, Pack<T, 16>& lo, Pack<T, 16>& hi) const {
+    constexpr int kV = kVec<T, 16>;
+    const int64_t b = a + shift;
+    lo = pw && valid && b >= 0 && b < packs ? load_pack<T, 16>(pw + b * kV) : zero_pack<T, 16>();
+    hi = pw && valid && o > 0 && b + 1 >= 0 && b + 1 < packs ? load_pack<T, 16>(pw + (b + 1) * kV)
+                                                             : zero_pack<T, 16>();
+  }
+
+  // Window pack a's values as floats from load()'s packs; `missing` at columns outside [0, cols)
+  // (the row's two end packs: the parameter's neighbours out) and everywhere without a parameter.
+  __device__ __forceinline__ void floats(const Pack<T, 16>& lo, const Pack<T, 16>& hi, int64_t a, int lead,
+                                         int64_t cols, float (&g)[kVec<T, 16>]) const {
+    constexpr int kV = kVec<T, 16>;
+    if (!pw) {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) g[k] = missing;
+      return;
+    }
+    unpack(shift_pack<T>(lo, hi, o), g);
+    const int64_t c0 = a * kV - lead;
+    if (c0 < 0 || c0 + kV > cols) {
+#pragma unroll
+      for (int k = 0; k < kV; ++k)
+        if (c0 + k < 0 || c0 + k >= cols) g[k] = missing;
+    }
+  }
+};
+
+// stage_param for a row read through its window at `lead`: access a's element k is column
+// a * kV + k - lead, `missing` outside [0, cols), once a block. A thread stages at most kN accesses
+// (n <= kN x threads) and issues all their loads before it stores any: one load latency, not kN.
+// 16-bit parameters through ParamWindow; float32 an element at a time (kV = 4: ParamWindow's shifts
+// made the float32 window forward 2-12% slower on an H100, 2026-11-26, seventh session).
 template <typename T, int kN>
 __device__ __forceinline__ void stage_param_window(float* s, const T* param, float missing, int64_t a0, int64_t n,
                                                    int64_t accesses, int tid, int threads, int lead, int64_t cols) {
   constexpr int kV = kVec<T, 16>;
-  float g[kN][kV];
+  if constexpr (sizeof(T) == 4) {
+    float g[kN][kV];
 #pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    const int64_t a = tid + static_cast<int64_t>(j) * threads;
+    for (int j = 0; j < kN; ++j) {
+      const int64_t a = tid + static_cast<int64_t>(j) * threads;
 #pragma unroll
-    for (int k = 0; k < kV; ++k) {
-      const int64_t c = (a0 + a) * kV + k - lead;
-      g[j][k] = param && a < n && c >= 0 && c < cols ? to_float(param[c]) : missing;
+      for (int k = 0; k < kV; ++k) {
+        const int64_t c = (a0 + a) * kV + k - lead;
+        g[j][k] = param && a < n && c >= 0 && c < cols ? to_float(param[c]) : missing;
+      }
     }
-  }
 #pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    const int64_t a = tid + static_cast<int64_t>(j) * threads;
-    if (a < n) store_staged(s, a, accesses, g[j]);
+    for (int j = 0; j < kN; ++j) {
+      const int64_t a = tid + static_cast<int64_t>(j) * threads;
+      if (a < n) store_staged(s, a, accesses, g[j]);
+    }
+  } else {
+    const ParamWindow<T> w(param, missing, lead, cols);
+    Pack<T, 16> lo[kN], hi[kN];
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const int64_t a = tid + static_cast<int64_t>(j) * threads;
+      w.load(a0 + a, a < n, lo[j], hi[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const int64_t a = tid + static_cast<int64_t>(j) * threads;
+      if (a >= n) continue;
+      float g[kV];
+      w.floats(lo[j], hi[j], a0 + a, lead, cols, g);
+      store_staged(s, a, accesses, g);
+    }
   }
 }
 

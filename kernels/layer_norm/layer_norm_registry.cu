@@ -58,12 +58,14 @@ constexpr BwdVariant bwd_wide_cols(std::string_view name) {
           &bwd_cols_run<&bwd_wide_supports<kCluster, kSmem>, &bwd_wide_run<kCluster, kSmem>>};
 }
 
-template <int kCluster>
+template <int kCluster, bool kStaged = true>
 constexpr FwdVariant fwd_wide_win(std::string_view name) {
   return {name,
-          "as fwd_wide_c*_ps, for rows not 16-byte aligned: 16-byte accesses through their aligned windows, "
-          "blocks by row lead",
-          &fwd_wide_win_supports<kCluster>, &fwd_wide_win_run<kCluster>};
+          kStaged ? "as fwd_wide_c*_ps, for rows not 16-byte aligned: 16-byte accesses through their aligned "
+                    "windows, blocks by row lead"
+                  : "as fwd_wide_c*, for rows not 16-byte aligned: 16-byte accesses through their aligned windows, a "
+                    "cluster a row, gamma and beta shifted into place as it goes: few rows",
+          &fwd_wide_win_supports<kCluster, kStaged>, &fwd_wide_win_run<kCluster, kStaged>};
 }
 
 // The window backward's dx alone, then dgamma/dbeta summed down the columns.
@@ -124,6 +126,11 @@ constexpr std::array kFwd = {
     fwd_wide_win<4>("fwd_wide_win_c4"),
     fwd_wide_win<8>("fwd_wide_win_c8"),
     fwd_wide_win<16>("fwd_wide_win_c16"),
+    fwd_wide_win<1, false>("fwd_wide_win_c1_direct"),
+    fwd_wide_win<2, false>("fwd_wide_win_c2_direct"),
+    fwd_wide_win<4, false>("fwd_wide_win_c4_direct"),
+    fwd_wide_win<8, false>("fwd_wide_win_c8_direct"),
+    fwd_wide_win<16, false>("fwd_wide_win_c16_direct"),
 };
 
 constexpr std::array kBwd = {

@@ -33,10 +33,11 @@ template <int kCluster, bool kSmemSums> bool bwd_wide_supports(const BwdParams& 
 template <int kCluster, bool kSmemSums> std::size_t bwd_wide_workspace(const BwdParams& p);
 template <int kCluster, bool kSmemSums> cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream);
 
-// Wide rows not 16-byte aligned, through their 16-byte windows (layer_norm_window.cuh): the staged
-// persistent forward, and the backward's dx alone (dgamma/dbeta: only as bwd_cols_*'s base).
-template <int kCluster> bool fwd_wide_win_supports(const FwdParams& p);
-template <int kCluster> cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream);
+// Wide rows not 16-byte aligned, through their 16-byte windows (layer_norm_window.cuh): the forward,
+// staged on a persistent grid (kStaged) or a cluster a row reading gamma and beta as it goes, and
+// the backward's dx alone (dgamma/dbeta: only as bwd_cols_*'s base).
+template <int kCluster, bool kStaged> bool fwd_wide_win_supports(const FwdParams& p);
+template <int kCluster, bool kStaged> cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream);
 template <int kCluster> bool bwd_wide_win_supports(const BwdParams& p);
 template <int kCluster> cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream);
 

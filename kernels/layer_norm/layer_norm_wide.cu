@@ -218,14 +218,16 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 // row. Otherwise every row reads them from global memory (one row-group a block: staging would be a
 // latency chain nothing hides).
 //
-// kWin (fwd_wide_win_c*, with kStaged and 16-byte packs): rows not 16-byte aligned, read through
-// their windows (layer_norm_window.cuh): pack a covers window positions [a * kV, a * kV + kV), column
-// position - lead. A block has one row-group, and the grid is a multiple of the rows' lead period
+// kWin (fwd_wide_win_c*, 16-byte packs): rows not 16-byte aligned, read through their windows
+// (layer_norm_window.cuh): pack a covers window positions [a * kV, a * kV + kV), column position -
+// lead. A block has one row-group. With kStaged the grid is a multiple of the rows' lead period
 // (window_clusters), so every row a block visits has its first row's lead: gamma and beta are
-// staged once, shifted by it. y at another lead than x is written an element at a time.
+// staged once, shifted by it. Without (fwd_wide_win_c*_direct) a cluster takes one row and reads
+// them from global memory as it writes y, two aligned loads a pack shifted into place (ParamWindow).
+// y at another lead than x is written an element at a time.
 template <typename T, int kNv, int kBytes, bool kStaged, bool kWin = false>
 __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part) {
-  static_assert(!kWin || (kStaged && kBytes == 16));
+  static_assert(!kWin || kBytes == 16);
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
   extern __shared__ __align__(16) float params[];  // kStaged: [part * kV] gamma, then beta
@@ -250,6 +252,9 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
   // kWin: whether y is at x's lead (16-byte stores), as it is unless the caller's x is offset.
   const bool y_vector = !kWin || same_lead(p.x, p.y);
+  // kWin without kStaged: gamma and beta read for the block's lead (its one row).
+  const ParamWindow<T> gamma_w(kWin && !kStaged ? gamma : nullptr, 1.f, lead, cols);
+  const ParamWindow<T> beta_w(kWin && !kStaged ? beta : nullptr, 0.f, lead, cols);
   wait_for_previous_grid();
   allow_next_grid();
 
@@ -311,10 +316,20 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
         float v[kV];
         unpack(cur[i], v);
         const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
+        // 16-bit: the mask in the row's two end packs alone; float32 in every pack, as measured
+        // faster (seventh session).
+        if (!kWin || (sizeof(T) == 2 && pos >= lead && pos + kV <= end)) {
 #pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float d = v[k] - m_here;
-          if (!kWin || (pos + k >= lead && pos + k < end)) q += d * d;  // kWin: the row's elements only
+          for (int k = 0; k < kV; ++k) {
+            const float d = v[k] - m_here;
+            q += d * d;
+          }
+        } else {  // kWin: the row's elements only
+#pragma unroll
+          for (int k = 0; k < kV; ++k) {
+            const float d = v[k] - m_here;
+            if (pos + k >= lead && pos + k < end) q += d * d;
+          }
         }
       }
     }
@@ -355,6 +370,15 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
           float g[kV], b[kV];
           load_staged(params, a - a0, part, g);
           load_staged(params + part * kV, a - a0, part, b);
+#pragma unroll
+          for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+        } else if constexpr (kWin) {
+          Pack<T, 16> g_lo, g_hi, b_lo, b_hi;
+          gamma_w.load(a, true, g_lo, g_hi);
+          beta_w.load(a, true, b_lo, b_hi);
+          float g[kV], b[kV];
+          gamma_w.floats(g_lo, g_hi, a, lead, cols, g);
+          beta_w.floats(b_lo, b_hi, a, lead, cols, b);
 #pragma unroll
           for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
         } else if (gamma) {
@@ -901,26 +925,33 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
 // The window forward: the staged persistent forward (fwd_wide_c*_ps) for rows not 16-byte aligned,
 // through their windows. Where the rows allow 4- or 8-byte accesses the other wide variants take
 // them too, and the sweep's data chooses.
-template <int kCluster>
+// kStaged (fwd_wide_win_c*): a persistent grid of as many clusters as run at once, a multiple of
+// the rows' lead period (window_clusters). Otherwise (fwd_wide_win_c*_direct) a cluster a row.
+template <int kCluster, bool kStaged>
+int64_t fwd_win_clusters(const void* kernel, const FwdParams& p, const WideShape& s, std::size_t smem) {
+  if constexpr (!kStaged) return p.rows;
+  return window_clusters(resident_clusters(kernel, s.threads, s.rows, smem, kCluster, p.device), p.rows, p.cols,
+                         p.dtype);
+}
+
+template <int kCluster, bool kStaged>
 bool fwd_wide_win_supports(const FwdParams& p) {
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta})) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = fwd_smem_bytes(s, p.dtype);
+  const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
-             auto kernel = fwd_wide_entry<T, kNv, kBytes, true, true>();
+             auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true>();
              if (shape_fits(kernel, s, smem, kCluster, p.device) &&
-                 window_clusters(resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem,
-                                                   kCluster, p.device),
-                                 p.rows, p.cols, p.dtype) > 0)
+                 fwd_win_clusters<kCluster, kStaged>(reinterpret_cast<const void*>(kernel), p, s, smem) > 0)
                return cudaSuccess;
            }
            return cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
-template <int kCluster>
+template <int kCluster, bool kStaged>
 cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta}))
     return cudaErrorInvalidValue;
@@ -930,16 +961,14 @@ cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
     if constexpr (kBytes != 16) {
       return cudaErrorInvalidValue;
     } else {
-      auto kernel = fwd_wide_entry<T, kNv, kBytes, true, true>();
+      auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true>();
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
       }
-      const std::size_t smem = fwd_smem_bytes(s, p.dtype);
+      const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
       if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-      const int64_t clusters = window_clusters(
-          resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device), p.rows,
-          p.cols, p.dtype);
+      const int64_t clusters = fwd_win_clusters<kCluster, kStaged>(reinterpret_cast<const void*>(kernel), p, s, smem);
       if (clusters < 1) return cudaErrorInvalidValue;
       return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
                     kCluster, p, s.part);
@@ -1006,8 +1035,10 @@ cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
   template bool bwd_wide_supports<C, true>(const BwdParams&);                  \
   template std::size_t bwd_wide_workspace<C, true>(const BwdParams&);          \
   template cudaError_t bwd_wide_run<C, true>(const BwdParams&, cudaStream_t);  \
-  template bool fwd_wide_win_supports<C>(const FwdParams&);                    \
-  template cudaError_t fwd_wide_win_run<C>(const FwdParams&, cudaStream_t);    \
+  template bool fwd_wide_win_supports<C, true>(const FwdParams&);              \
+  template cudaError_t fwd_wide_win_run<C, true>(const FwdParams&, cudaStream_t); \
+  template bool fwd_wide_win_supports<C, false>(const FwdParams&);             \
+  template cudaError_t fwd_wide_win_run<C, false>(const FwdParams&, cudaStream_t); \
   template bool bwd_wide_win_supports<C>(const BwdParams&);                    \
   template cudaError_t bwd_wide_win_run<C>(const BwdParams&, cudaStream_t);
 HFNN_WIDE(1)

@@ -120,6 +120,32 @@ __device__ __forceinline__ float window_part_elements(int r, int64_t part, int64
   return n > 0 ? static_cast<float>(n) : 0.f;
 }
 
+// The 16-byte pack that starts o elements (0 <= o < V) into lo and runs on into hi: elements o to
+// V - 1 of lo, then 0 to o - 1 of hi. o is uniform over the caller's block: selects, no branches.
+template <typename T>
+__device__ __forceinline__ Pack<T, 16> shift_pack(const Pack<T, 16>& lo, const Pack<T, 16>& hi, int o) {
+  uint32_t a[4], b[4];
+  pack_words<16>(lo.raw, a);
+  pack_words<16>(hi.raw, b);
+  const uint32_t w[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  const int q = o / kPerWord;        // whole words
+  const bool half = o % kPerWord;    // then half a word (16-bit types)
+  uint32_t s[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    uint32_t v = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (q == c && j + c < 8) v = w[j + c];
+    s[j] = v;
+  }
+  uint32_t r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) r[j] = half ? __funnelshift_r(s[j], s[j + 1], 16) : s[j];
+  return Pack<T, 16>{make_uint4(r[0], r[1], r[2], r[3])};
+}
+
 // The lead of the row starting at element `offset` of a tensor whose first element is at x.
 template <typename T>
 __device__ __forceinline__ int row_lead(const void* x, int64_t offset) {
