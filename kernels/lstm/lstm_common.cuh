@@ -22,7 +22,15 @@ __host__ __device__ inline int64_t read_slot(int64_t t, bool reverse) { return r
 __host__ __device__ inline int64_t write_slot(int64_t t, bool reverse) { return reverse ? t : t + 1; }
 __host__ __device__ inline int64_t initial_slot(int64_t steps, bool reverse) { return reverse ? steps : 0; }
 
-__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+// The activations on the recurrence's critical path, a few instructions each (ex2.approx and
+// rcp.approx, MUFU) where expf, tanhf and an IEEE division are longer sequences: the forward's gate
+// phase is one warp's serial chain while the other warps wait (384 instructions a step at the seed
+// size, H100, 2026-11-25). __expf's error is a few ulp where the gates are not saturated,
+// __fdividef's 2 ulp; the limits come out right (an infinite __expf gives 0 through __fdividef, 0
+// gives 1). tanh as 1 - 2 / (1 + e^2x): absolute error about 1e-7 near 0 (1 - (1 - x) cancels),
+// a few ulp elsewhere; the tests' float64 gates bound both.
+__device__ __forceinline__ float sigmoid(float v) { return __fdividef(1.0f, 1.0f + __expf(-v)); }
+__device__ __forceinline__ float fast_tanh(float v) { return 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * v)); }
 
 // Element i of an optional array of T as float; 0 where the array is absent.
 template <typename T>
@@ -37,9 +45,9 @@ struct Cell {
 };
 __device__ __forceinline__ Cell cell_forward(float pi, float pf, float pg, float po, float c_prev) {
   Cell r;
-  r.i = sigmoid(pi), r.f = sigmoid(pf), r.g = tanhf(pg), r.o = sigmoid(po);
+  r.i = sigmoid(pi), r.f = sigmoid(pf), r.g = fast_tanh(pg), r.o = sigmoid(po);
   r.c = r.f * c_prev + r.i * r.g;
-  r.h = r.o * tanhf(r.c);
+  r.h = r.o * fast_tanh(r.c);
   return r;
 }
 
@@ -50,7 +58,7 @@ struct CellGrad {
 };
 __device__ __forceinline__ CellGrad cell_backward(float i, float f, float g, float o, float c, float c_prev, float dh,
                                                   float dc) {
-  const float tc = tanhf(c);
+  const float tc = fast_tanh(c);
   const float dct = dc + dh * o * (1.0f - tc * tc);
   CellGrad r;
   r.di = dct * g * i * (1.0f - i);

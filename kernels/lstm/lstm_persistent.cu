@@ -3,7 +3,8 @@
 // on each other's values, the backward's on one readiness word a block).
 //
 // Forward. Block b owns hidden units [b*u, b*u + u) and keeps the rows of W_hh for their four
-// gates (4u x H, in the dtype) in shared memory for the whole sequence. A step stages h_{t-1}
+// gates (4u x H) on chip for the whole sequence: in registers as floats where the slice fits
+// (geometry_reg, below; hidden up to 1,024 on 132 SMs), else in shared memory in the dtype. A step stages h_{t-1}
 // (float32, from the history hs, which every block wrote its units of at the step before) in
 // batch chunks in shared memory, computes the 4u x B dot products of length H (float32 sums in a
 // fixed order: no atomics), adds the projection and the biases, applies the gates and updates c
@@ -11,7 +12,7 @@
 // wait for it), then y, the gates and c_t.
 //
 // Backward. Block b owns the same kind of unit slice and keeps W_hh's COLUMNS for it (all 4H rows,
-// stored transposed: u x 4H). A step computes, for its units, dh = dy_t + dh_rec and the gate
+// transposed: u x 4H; in registers or shared memory as the forward). A step computes, for its units, dh = dy_t + dh_rec and the gate
 // gradients from the saved gates and c, writes them (dG_t, every block its units' columns), updates
 // dc, and then computes dh_rec for its units = sum over the 4H rows r of W_hh[r, unit] dG_t[b, r]
 // (all of dG_t, read from L2 once every block has published it). After the loop dh0 = dh_rec,
@@ -129,8 +130,11 @@ struct Geometry {
   int rows = 0;   // rows of its weight slice: 4 units (forward) or units (backward)
   int kp = 0;     // their length padded to 4: H (forward) or 4H (backward)
   int bs = 0;     // batch rows staged at once
-  int parts = 1;  // splits of the row length
+  int parts = 1;  // splits of the row length (with weights in registers: the warps of a team)
   int grid = 0;
+  // Weights in registers (reg > 0, below): rows a thread holds, row groups (a power of two <= the
+  // warps), and teams of `parts` warps a row group has, each taking every `teams`-th batch tile.
+  int reg = 0, groups = 1, teams = 1;
   int off_v = 0, off_acc = 0, off_state = 0, off_bias = 0, smem = 0;
 };
 
@@ -168,6 +172,64 @@ Geometry geometry(bool backward, const Shape& s, int64_t units, int kbt) {
   g.off_bias = g.off_state + static_cast<int>(state);
   g.smem = static_cast<int>(smem);
   return g;
+}
+
+// Weights in registers: a thread keeps kRegFloats of its block's weight slice, kR rows (8, or 4
+// where the slice has fewer than 8) x 128 / kR elements of them, as floats, for the whole launch,
+// and shared memory holds only what a step stages (h_{t-1} or dG_t), the partial sums and the state.
+// The block's 8 warps split into `groups` row groups of kR rows (a power of two, so each warp has
+// one); a row group's warps into teams of `parts` warps whose 32 x parts lanes split the row length
+// (lane q of a team holds groups of 4 elements q, q + 32 parts, ...: consecutive lanes read
+// consecutive 16 bytes of the staged rows), the teams taking every teams-th tile of kBt batch rows.
+// A warp's tile is then kR rows x kBt batch rows over its lanes' share of the row: no weight is read
+// from shared memory (the shared-memory products read 4 weight rows and kBt staged rows a tile,
+// 16 bytes each, for 16 kBt multiply-adds: bound by shared memory's bandwidth, 2.2 us of the seed's
+// 5.6 us forward step on an H100). Only where the slice fits (rows x padded length <= 256 x 128)
+// and the grid is one block an SM (about 200 registers a thread).
+constexpr int kRegFloats = 128;
+constexpr int kRegBt = 4;  // batch rows a tile, with weights in registers
+
+int reg_rows(int64_t rows) { return rows >= 8 ? 8 : 4; }
+
+Geometry geometry_reg(bool backward, const Shape& s, int64_t units) {
+  Geometry g;
+  g.smem = INT32_MAX;
+  const int64_t H = s.hidden, B = s.batch;
+  const int64_t rows = backward ? units : 4 * units;
+  const int64_t kp = ((backward ? 4 * H : H) + 3) / 4 * 4;
+  const int kr = reg_rows(rows);
+  int64_t groups = 1;
+  while (groups * kr < rows) groups *= 2;
+  if (groups > kWarps) return g;
+  const int64_t warps = kWarps / groups;          // a row group's
+  const int64_t reach = 32 * (kRegFloats / kr);   // elements of a row one warp's lanes hold
+  int64_t least = 1;                              // warps a team needs to hold a row
+  while (least * reach < kp) least *= 2;
+  if (least > warps) return g;
+  const int64_t state = align16((backward ? 2 : 1) * units * B * 4), bias = backward ? 0 : align16(rows * 4);
+  int64_t useful = 1;  // warps a row's groups of 4 keep busy, a group a lane at least
+  while (useful * 32 * 4 < kp && useful < warps) useful *= 2;
+  for (int64_t bs = B;; bs = (bs + 1) / 2) {
+    int64_t teams = 1;  // as many teams as the batch tiles use, their warps holding a row between them
+    while (teams * 2 <= warps / least && teams * 2 <= (bs + kRegBt - 1) / kRegBt) teams *= 2;
+    // The team's warps, no more than its row keeps busy (the rest of the row group's warps idle:
+    // hidden 128, batch 4 split 128 elements over 8 warps, one of them with any, and its step was
+    // 1.1-1.25x the shared-memory variant's).
+    const int64_t parts = std::min(warps / teams, std::max(least, useful));
+    const int64_t smem = align16(bs * kp * 4) + align16(parts * rows * bs * 4) + state + bias;
+    if (smem <= s.device.smem_per_block_optin) {
+      g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
+      g.bs = static_cast<int>(bs), g.parts = static_cast<int>(parts);
+      g.reg = kr, g.groups = static_cast<int>(groups), g.teams = static_cast<int>(teams);
+      g.off_v = 0;
+      g.off_acc = static_cast<int>(align16(bs * kp * 4));
+      g.off_state = g.off_acc + static_cast<int>(align16(parts * rows * bs * 4));
+      g.off_bias = g.off_state + static_cast<int>(state);
+      g.smem = static_cast<int>(smem);
+      return g;
+    }
+    if (bs == 1) return g;
+  }
 }
 
 // ---- device code ----------------------------------------------------------------------------------
@@ -250,6 +312,76 @@ __device__ __forceinline__ void block_products(const T* __restrict__ w, int rows
     const int idx = spread_index<N>(lane);
     const int r = r0 + idx / kBt, b = b0 + idx % kBt;
     if ((lane & (32 / N - 1)) == 0 && r < rows && b < nb) acc[(part * rows + r) * bs + b] = total;
+  }
+}
+
+// The weights in registers (geometry_reg): where thread (warp, lane) of the block sits.
+struct RegPlace {
+  int rg, team, part, q;  // row group, team, warp within the team, lane within the team
+};
+__device__ __forceinline__ RegPlace reg_place(const Geometry& geo) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_group = kWarps / geo.groups;
+  const int wi = warp % per_group;
+  return {warp / per_group, wi / geo.parts, wi % geo.parts, (wi % geo.parts) * 32 + lane};
+}
+
+// Loads this thread's weights: w[i][4 c + e] = weight(row rg kR + i, element 4 (q + 32 parts c) + e),
+// zero past the slice's rows and the row's length (weight() gets only rows < geo.rows, elements < kp).
+template <int kR, typename F>
+__device__ __forceinline__ void load_reg_weights(float (&w)[kR][kRegFloats / kR], const Geometry& geo, F&& weight) {
+  const RegPlace at = reg_place(geo);
+#pragma unroll
+  for (int i = 0; i < kR; ++i) {
+    const int r = at.rg * kR + i;
+#pragma unroll
+    for (int c = 0; c < kRegFloats / kR / 4; ++c) {
+      const int g = at.q + 32 * geo.parts * c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[i][4 * c + e] = r < geo.rows && 4 * g + e < geo.kp ? weight(r, 4 * g + e) : 0.0f;
+    }
+  }
+}
+
+// block_products with the weights in registers: acc[part][r][b] as there, `part` the warp within
+// its team (the team's lanes split the row length), rows of every row group, batch rows < nb.
+template <int kR>
+__device__ __forceinline__ void reg_products(const float (&w)[kR][kRegFloats / kR], const Geometry& geo,
+                                             const float* __restrict__ v, int nb, float* __restrict__ acc) {
+  constexpr int kBt = kRegBt, N = kR * kBt, kC = kRegFloats / kR / 4;
+  const RegPlace at = reg_place(geo);
+  const int lane = threadIdx.x % 32, kp = geo.kp, groups = kp / 4, stride = 32 * geo.parts;
+  const int btiles = (nb + kBt - 1) / kBt;
+  if (at.team >= geo.teams) return;  // a warp past the row group's teams x parts (geometry_reg)
+  for (int bt = at.team; bt < btiles; bt += geo.teams) {
+    const int b0 = bt * kBt;
+    const float* vr[kBt];
+#pragma unroll
+    for (int j = 0; j < kBt; ++j) vr[j] = v + static_cast<int64_t>(min(b0 + j, nb - 1)) * kp;
+    float s[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int g = at.q + stride * c;
+      if (g < groups) {
+        float x[kBt][4];
+#pragma unroll
+        for (int j = 0; j < kBt; ++j) {
+          const float4 t = *reinterpret_cast<const float4*>(vr[j] + 4 * g);
+          x[j][0] = t.x, x[j][1] = t.y, x[j][2] = t.z, x[j][3] = t.w;
+        }
+#pragma unroll
+        for (int i = 0; i < kR; ++i)
+#pragma unroll
+          for (int j = 0; j < kBt; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[i * kBt + j] = fmaf(w[i][4 * c + e], x[j][e], s[i * kBt + j]);
+      }
+    }
+    const float total = warp_sum_spread<N>(s, lane);
+    const int idx = spread_index<N>(lane);
+    const int r = at.rg * kR + idx / kBt, b = b0 + idx % kBt;
+    if ((lane & (32 / N - 1)) == 0 && r < geo.rows && b < nb) acc[(at.part * geo.rows + r) * geo.bs + b] = total;
   }
 }
 
@@ -382,8 +514,10 @@ struct FwdArgs {
 // Whether a launch keeps its recurrence on chip (header comment): one block, one stage a step.
 __host__ __device__ inline bool on_chip(int grid, int bs, int64_t batch) { return grid == 1 && bs >= batch; }
 
-template <typename T, int kBt>
-__global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<T> a) {
+// kR > 0: the weights in registers (geometry_reg), kR rows a thread, one block an SM; 0: in shared
+// memory, at most 128 registers a thread (2 blocks an SM, as plan()'s last geometries take).
+template <typename T, int kBt, int kR>
+__global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kernel(const FwdArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
   const int u = geo.units, rows = geo.rows, kp = geo.kp, bs = geo.bs, parts = geo.parts;
@@ -398,9 +532,17 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
   const bool chip = on_chip(static_cast<int>(gridDim.x), bs, B);
 
   // Row r = gate * u + j of the slice is W_hh's row gate * H + unit0 + j (zeros past H).
-  for (int idx = tid; idx < rows * kp; idx += kThreads) {
-    const int r = idx / kp, k = idx - r * kp, gate = r / u, unit = unit0 + r - gate * u;
-    w[idx] = unit < H && k < H ? a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k] : from_float<T>(0.0f);
+  float wr[kR > 0 ? kR : 1][kR > 0 ? kRegFloats / kR : 1];
+  if constexpr (kR > 0) {
+    load_reg_weights<kR>(wr, geo, [&](int r, int k) {
+      const int gate = r / u, unit = unit0 + r - gate * u;
+      return unit < H && k < H ? to_float(a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k]) : 0.0f;
+    });
+  } else {
+    for (int idx = tid; idx < rows * kp; idx += kThreads) {
+      const int r = idx / kp, k = idx - r * kp, gate = r / u, unit = unit0 + r - gate * u;
+      w[idx] = unit < H && k < H ? a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k] : from_float<T>(0.0f);
+    }
   }
   for (int r = tid; r < rows; r += kThreads) {
     const int gate = r / u, unit = unit0 + r - gate * u;
@@ -439,6 +581,9 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
   };
   if (mine) load_proj(0, proj);
   __syncthreads();  // the weights, biases (and on chip h0) in shared memory before the first products
+  // A thread that owns one (batch row, unit) has its offsets computed once (the phase is one warp's
+  // serial chain at the seed size).
+  const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j, my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
 
   HFNN_PHASES_BEGIN
   for (int64_t s = 0; s < a.steps; ++s) {
@@ -453,9 +598,42 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
         __syncthreads();                          // v filled by every thread before any warp's products
       }
       HFNN_PHASE(0)
-      block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
+      if constexpr (kR > 0)
+        reg_products<kR>(wr, geo, v, nb, acc);
+      else
+        block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
       HFNN_PHASE(1)
+      if (kR > 0 && own_one) {  // one chunk, this thread's (batch row, unit) alone (kR 0: 128 registers)
+        if (mine) {
+          float pre[4];
+#pragma unroll
+          for (int gate = 0; gate < 4; ++gate) {
+            float sum = 0.0f;
+            for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + my_j) * bs + my_b];
+            pre[gate] = sum + proj[gate] + bias[gate * u + my_j];
+          }
+          const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[tid]);
+          c_state[tid] = c.c;
+          const int64_t te = t * BH + my_e;
+          if (chip) {
+            v[my_b * kp + unit0 + my_j] = c.h;
+            a.hs[out_slot * BH + my_e] = c.h;
+          } else {
+            store_exchange(a.hs + out_slot * BH + my_e, c.h);
+          }
+          float* g = a.gates + t * B * G + my_row;
+          g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
+          const T h = from_float<T>(c.h);
+          a.cs[te] = c.c;
+          if (a.hd) a.hd[out_slot * BH + my_e] = h;
+          a.y[te] = h;
+          if (s + 1 == a.steps) {
+            a.h_n[my_e] = h;
+            a.c_n[my_e] = from_float<T>(c.c);
+          }
+        }
+      } else {
       for (int idx = tid; idx < nb * u; idx += kThreads) {
         const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
         if (unit >= H) continue;
@@ -493,6 +671,7 @@ __global__ void __launch_bounds__(kThreads) persistent_fwd_kernel(const FwdArgs<
           for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
         }
       }
+      }
     }
     if (mine && s + 1 < a.steps) load_proj(s + 1, proj);
     // On chip: every thread's h_t in v before the next products read it. Otherwise the next
@@ -521,8 +700,9 @@ struct BwdArgs {
 // sm_90) chose 64 or 80 registers for 7 of the 9 instances and spilled 20-80 bytes (v3: 3 of them,
 // 56 bytes); with it none spills (95-128 registers). The plan is one block an SM wherever that
 // fits (plan()).
-template <typename T, int kBt>
-__global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdArgs<T> a) {
+// kR as the forward's (with weights in registers one block an SM: up to 255 registers).
+template <typename T, int kBt, int kR>
+__global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_bwd_kernel(const BwdArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
   const int u = geo.units, kp = geo.kp, bs = geo.bs, parts = geo.parts;
@@ -537,9 +717,17 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
 
   // Row j of the slice is W_hh's column unit0 + j over all 4H rows (zeros past them); consecutive
   // threads read consecutive columns of a row.
-  for (int idx = tid; idx < u * kp; idx += kThreads) {
-    const int r = idx / u, j = idx - r * u, unit = unit0 + j;
-    w[j * kp + r] = unit < H && r < G ? a.w_hh[static_cast<int64_t>(r) * H + unit] : from_float<T>(0.0f);
+  float wr[kR > 0 ? kR : 1][kR > 0 ? kRegFloats / kR : 1];
+  if constexpr (kR > 0) {
+    load_reg_weights<kR>(wr, geo, [&](int j, int r) {
+      const int unit = unit0 + j;
+      return unit < H && r < G ? to_float(a.w_hh[static_cast<int64_t>(r) * H + unit]) : 0.0f;
+    });
+  } else {
+    for (int idx = tid; idx < u * kp; idx += kThreads) {
+      const int r = idx / u, j = idx - r * u, unit = unit0 + j;
+      w[j * kp + r] = unit < H && r < G ? a.w_hh[static_cast<int64_t>(r) * H + unit] : from_float<T>(0.0f);
+    }
   }
   for (int idx = tid; idx < B * u; idx += kThreads) {
     const int b = idx / u, unit = unit0 + idx - b * u;
@@ -560,22 +748,50 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
   const int my_b = tid / u, my_j = tid - my_b * u;
   const bool mine = own_one && tid < B * u && unit0 + my_j < H;
   float in_g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, in_c = 0.0f, in_cp = 0.0f, in_dy = 0.0f;
+  const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j, my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
   auto load_cell = [&](int64_t s) {
     const int64_t t = time_of(s, a.steps, a.reverse), t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
-    const int64_t e = static_cast<int64_t>(my_b) * H + unit0 + my_j;
-    const float* g = a.gates + (t * B + my_b) * G + unit0 + my_j;
+    const float* g = a.gates + t * B * G + my_row;
 #pragma unroll
     for (int gate = 0; gate < 4; ++gate) in_g[gate] = g[gate * H];
-    in_c = a.cs[t * BH + e];
-    in_cp = t_prev >= 0 ? a.cs[t_prev * BH + e] : load_or_zero(a.c0, e);
-    in_dy = load_or_zero(a.dy, t * BH + e);
+    in_c = a.cs[t * BH + my_e];
+    in_cp = t_prev >= 0 ? a.cs[t_prev * BH + my_e] : load_or_zero(a.c0, my_e);
+    in_dy = load_or_zero(a.dy, t * BH + my_e);
   };
   if (mine) load_cell(a.steps - 1);
+  // With one batch chunk as well, the thread's dh_rec and dc stay in registers, and its gate phase
+  // and sums take no index arithmetic (the gate phase is one warp's serial chain at the seed size).
+  const bool one = own_one && bs >= B;
+  float my_dh = 0.0f, my_dc = 0.0f;
+  if (mine) my_dh = dh_rec[tid], my_dc = dc[tid];
+  // A cell's gate gradients out: into the staging buffer first on chip (the products' chain), then
+  // dG (and its 16-bit copy) at `row`, column `unit`.
+  auto put_dg = [&](const CellGrad& d, int b, int unit, int64_t row) {
+    if (chip) {
+      float* o = v + b * kp + unit;
+      o[0] = d.di, o[H] = d.df, o[2 * H] = d.dg, o[3 * H] = d.dout;
+    }
+    float* out = a.dg + row;
+    out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
+    if (a.dg16) {
+      T* o16 = a.dg16 + row;
+      o16[0] = from_float<T>(d.di), o16[H] = from_float<T>(d.df), o16[2 * H] = from_float<T>(d.dg);
+      o16[3 * H] = from_float<T>(d.dout);
+    }
+  };
 
   HFNN_PHASES_BEGIN
   for (int64_t s = a.steps - 1; s >= 0; --s) {
     const int64_t t = time_of(s, a.steps, a.reverse);
     const int64_t t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
+    if (one) {
+      if (mine) {
+        const CellGrad d = cell_backward(in_g[0], in_g[1], in_g[2], in_g[3], in_c, in_cp, my_dh + in_dy, my_dc);
+        my_dc = d.dc_prev;
+        put_dg(d, my_b, unit0 + my_j, t * B * G + my_row);
+        if (s == 0) a.dc0[my_e] = from_float<T>(d.dc_prev);
+      }
+    } else {
     for (int idx = tid; idx < B * u; idx += kThreads) {
       const int b = idx / u, unit = unit0 + idx - b * u;
       if (unit >= H) continue;
@@ -590,18 +806,7 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
         d = cell_backward(g[0], g[H], g[2 * H], g[3 * H], a.cs[t * BH + e], c_prev, dh, dc[idx]);
       }
       dc[idx] = d.dc_prev;
-      // The exchange first (the products' chain), the rest after.
-      if (chip) {
-        float* o = v + b * kp + unit;
-        o[0] = d.di, o[H] = d.df, o[2 * H] = d.dg, o[3 * H] = d.dout;
-      }
-      float* out = a.dg + row;
-      out[0] = d.di, out[H] = d.df, out[2 * H] = d.dg, out[3 * H] = d.dout;
-      if (a.dg16) {
-        T* o16 = a.dg16 + row;
-        o16[0] = from_float<T>(d.di), o16[H] = from_float<T>(d.df), o16[2 * H] = from_float<T>(d.dg);
-        o16[3 * H] = from_float<T>(d.dout);
-      }
+      put_dg(d, b, unit, row);
       if (s == 0) {
         a.dc0[e] = from_float<T>(d.dc_prev);
       } else if (!own_one) {  // the next step's saved gates and c, from HBM into L2 while this step finishes
@@ -612,6 +817,7 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
         if (s > 1) prefetch_l2(a.cs + time_of(s - 2, a.steps, a.reverse) * BH + e);
         if (a.dy) prefetch_l2(a.dy + t_prev * BH + e);
       }
+    }
     }
     HFNN_PHASE(0)
     const auto done = static_cast<unsigned>(a.steps - s);
@@ -631,15 +837,27 @@ __global__ void __launch_bounds__(kThreads, 2) persistent_bwd_kernel(const BwdAr
       if (!chip) stage_ready(v, dg_t, b0, nb, static_cast<int>(G));  // kp == 4H: rows unpadded
       __syncthreads();  // v filled (staged, or on chip by the gate phase) before any warp's products
       HFNN_PHASE(3)
-      block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
+      if constexpr (kR > 0)
+        reg_products<kR>(wr, geo, v, nb, acc);
+      else
+        block_products<T, kBt>(w, u, v, nb, kp, parts, acc, bs);
       __syncthreads();  // every warp's acc before the sums
       HFNN_PHASE(4)
-      for (int idx = tid; idx < nb * u; idx += kThreads) {
-        const int bb = idx / u, j = idx - bb * u, unit = unit0 + j;
-        float sum = 0.0f;
-        for (int p = 0; p < parts; ++p) sum += acc[(p * u + j) * bs + bb];
-        dh_rec[(b0 + bb) * u + j] = sum;
-        if (s == 0 && unit < H) a.dh0[static_cast<int64_t>(b0 + bb) * H + unit] = from_float<T>(sum);
+      if (one) {
+        if (mine) {
+          float sum = 0.0f;
+          for (int p = 0; p < parts; ++p) sum += acc[(p * u + my_j) * bs + my_b];
+          my_dh = sum;
+          if (s == 0) a.dh0[my_e] = from_float<T>(sum);
+        }
+      } else {
+        for (int idx = tid; idx < nb * u; idx += kThreads) {
+          const int bb = idx / u, j = idx - bb * u, unit = unit0 + j;
+          float sum = 0.0f;
+          for (int p = 0; p < parts; ++p) sum += acc[(p * u + j) * bs + bb];
+          dh_rec[(b0 + bb) * u + j] = sum;
+          if (s == 0 && unit < H) a.dh0[static_cast<int64_t>(b0 + bb) * H + unit] = from_float<T>(sum);
+        }
       }
     }
     // With one chunk, the thread that wrote dh_rec[idx] and dc[idx] is the one that reads them in
@@ -660,12 +878,38 @@ decltype(auto) with_tile_batch(int kbt, F&& f) {
   return f.template operator()<4>();
 }
 
-const void* kernel_of(bool backward, DType dtype, int kbt) {
+// kr: Geometry::reg (0, 4 or 8); with weights in registers the tile is kRegBt batch rows whatever
+// the batch (fewer instances: a smaller batch leaves some of a tile's rows empty).
+template <typename F>
+decltype(auto) with_reg_rows(int kr, F&& f) {
+  if (kr == 8) return f.template operator()<8>();
+  if (kr == 4) return f.template operator()<4>();
+  return f.template operator()<0>();
+}
+
+template <bool kBackward, typename T, int kBt, int kR>
+constexpr auto kernel_fn() {
+  if constexpr (kBackward)
+    return persistent_bwd_kernel<T, kBt, kR>;
+  else
+    return persistent_fwd_kernel<T, kBt, kR>;
+}
+
+// f(kernel) for the kernel of geometry reg kr (0, 4 or 8) and tile batch kbt (kr 0 only).
+template <bool kBackward, typename T, typename F>
+decltype(auto) with_kernel(int kr, int kbt, F&& f) {
+  return with_reg_rows(kr, [&]<int kR>() {
+    if constexpr (kR > 0)
+      return f(kernel_fn<kBackward, T, kRegBt, kR>());
+    else
+      return with_tile_batch(kbt, [&]<int kBt>() { return f(kernel_fn<kBackward, T, kBt, 0>()); });
+  });
+}
+
+const void* kernel_of(bool backward, DType dtype, int kbt, int kr) {
   return dispatch_dtype(dtype, [&]<typename T>() {
-    return with_tile_batch(kbt, [&]<int kBt>() {
-      return backward ? reinterpret_cast<const void*>(persistent_bwd_kernel<T, kBt>)
-                      : reinterpret_cast<const void*>(persistent_fwd_kernel<T, kBt>);
-    });
+    auto as_void = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
+    return backward ? with_kernel<true, T>(kr, kbt, as_void) : with_kernel<false, T>(kr, kbt, as_void);
   });
 }
 
@@ -675,7 +919,8 @@ const void* kernel_of(bool backward, DType dtype, int kbt) {
 constexpr int64_t kLoneWork = 64 * 1024;
 
 // The launch for a shape, the first of these that fits shared memory with every block resident:
-// one block (small steps: kLoneWork); one block an SM (the fewest units that keep the grid within
+// one block (small steps: kLoneWork); one block an SM with the weights in registers (geometry_reg,
+// where the slice fits); one block an SM (the fewest units that keep the grid within
 // the SM count: fewer blocks to wait on, and 2 blocks an SM add nothing to the products an SM does);
 // the fewest units a block such that the grid is resident (several blocks an SM, as before: this
 // keeps every shape the variant took). nullopt where none fits. Depends on neither T nor the
@@ -698,7 +943,7 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
           e.dtype == s.dtype)
         return e.geo;
   const int kbt = tile_batch(s.batch);
-  const void* kernel = kernel_of(backward, s.dtype, kbt);
+  const void* kernel = kernel_of(backward, s.dtype, kbt, 0);
   const int64_t H = s.hidden;
   // -1: the slice does not fit shared memory (nor does any with more units); 0: not resident.
   auto attempt = [&](int64_t units, Geometry& out) {
@@ -714,6 +959,16 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   std::optional<Geometry> found;
   Geometry g;
   if (H <= kLoneWork && s.batch <= kLoneWork && 4 * H * H * s.batch <= kLoneWork && attempt(H, g) == 1) found = g;
+  if (!found) {
+    const int64_t units = (H + s.device.sm_count - 1) / s.device.sm_count, grid = (H + units - 1) / units;
+    Geometry r = geometry_reg(backward, s, units);
+    if (r.smem <= s.device.smem_per_block_optin &&
+        grid <= resident_clusters(kernel_of(backward, s.dtype, kbt, r.reg), kThreads, 1,
+                                  static_cast<std::size_t>(r.smem), 1, s.device)) {
+      r.grid = static_cast<int>(grid);
+      found = r;
+    }
+  }
   if (!found && attempt((H + s.device.sm_count - 1) / s.device.sm_count, g) == 1) found = g;
   // At most 2048 threads an SM: a lower bound on the units a block needs.
   const int64_t most_blocks = static_cast<int64_t>(s.device.sm_count) * (2048 / kThreads);
@@ -797,8 +1052,8 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch * s.hidden, stream);
         e != cudaSuccess)
       return e;
-    return with_tile_batch(tile_batch(s.batch),
-                           [&]<int kBt>() { return launch_cooperative(persistent_fwd_kernel<T, kBt>, *geo, stream, a); });
+    return with_kernel<false, T>(geo->reg, tile_batch(s.batch),
+                                 [&](auto kernel) { return launch_cooperative(kernel, *geo, stream, a); });
   });
 }
 
@@ -820,8 +1075,8 @@ cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream) {
       const std::size_t bytes = static_cast<std::size_t>(geo->grid) * kFlagWords * sizeof(unsigned);
       if (const cudaError_t e = cudaMemsetAsync(sc.flags, 0, bytes, stream); e != cudaSuccess) return e;
     }
-    return with_tile_batch(tile_batch(s.batch),
-                           [&]<int kBt>() { return launch_cooperative(persistent_bwd_kernel<T, kBt>, *geo, stream, a); });
+    return with_kernel<true, T>(geo->reg, tile_batch(s.batch),
+                                [&](auto kernel) { return launch_cooperative(kernel, *geo, stream, a); });
   });
   if (err != cudaSuccess) return err;
   return backward_gemms(p, stream);
