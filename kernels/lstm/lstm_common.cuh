@@ -25,7 +25,7 @@ __host__ __device__ inline int64_t initial_slot(int64_t steps, bool reverse) { r
 // The activations on the recurrence's critical path, a few instructions each (ex2.approx and
 // rcp.approx, MUFU) where expf, tanhf and an IEEE division are longer sequences: the forward's gate
 // phase is one warp's serial chain while the other warps wait (384 instructions a step at the seed
-// size, H100, 2026-11-25). __expf's error is a few ulp where the gates are not saturated,
+// size, H100, 2026-11-25; the step-loop variant's gate kernels use them too). __expf's error is a few ulp where the gates are not saturated,
 // __fdividef's 2 ulp; the limits come out right (an infinite __expf gives 0 through __fdividef, 0
 // gives 1). tanh as 1 - 2 / (1 + e^2x): absolute error about 1e-7 near 0 (1 - (1 - x) cancels),
 // a few ulp elsewhere; the tests' float64 gates bound both.

@@ -9,7 +9,8 @@
 // batch chunks in shared memory, computes the 4u x B dot products of length H (float32 sums in a
 // fixed order: no atomics), adds the projection and the biases, applies the gates and updates c
 // (float32, in shared memory), writes h_t into the history's next slot (first: the other blocks
-// wait for it), then y, the gates and c_t.
+// wait for it), then y, the gates and c_t. The fused forward (geometry_fused) does the same per
+// warp: the cell in the lane that holds its four gates' sums, c in that lane's register.
 //
 // Backward. Block b owns the same kind of unit slice and keeps W_hh's COLUMNS for it (all 4H rows,
 // transposed: u x 4H; in registers or shared memory as the forward). A step computes, for its units, dh = dy_t + dh_rec and the gate
@@ -94,8 +95,9 @@ constexpr int kStageBatch = 16;
 // totals at the end (forward phases: h_{t-1} staged, products, gates; backward: gates, publish,
 // wait for the words, dG_t staged, products, sums). persistent_phases() hands them to the C++
 // timing test. With several batch chunks a step (bs < B) a chunk's gates (forward) or sums
-// (backward) count in the next chunk's stage. The 56 bytes of static shared memory can refuse a
-// launch whose dynamic shared memory plan() put within them of the device's limit.
+// (backward) count in the next chunk's stage. The 56 bytes of static shared memory (112 in the fused
+// forward's instance, which declares them in both of its paths) can refuse a launch whose dynamic
+// shared memory plan() put within them of the device's limit.
 #ifdef HFNN_LSTM_PHASES
 constexpr int kPhases = 6, kPhaseBlocks = 1024;
 __device__ long long phase_cycles[2][kPhaseBlocks][kPhases];
@@ -135,6 +137,9 @@ struct Geometry {
   // Weights in registers (reg > 0, below): rows a thread holds, row groups (a power of two <= the
   // warps), and teams of `parts` warps a row group has, each taking every `teams`-th batch tile.
   int reg = 0, groups = 1, teams = 1;
+  // The forward with its gate phase in the product warps (geometry_fused; reg 4): a row group is
+  // one unit's four gates, a warp holds them over the whole row, and v is two buffers.
+  int fuse = 0;
   int off_v = 0, off_acc = 0, off_state = 0, off_bias = 0, smem = 0;
 };
 
@@ -230,6 +235,38 @@ Geometry geometry_reg(bool backward, const Shape& s, int64_t units) {
     }
     if (bs == 1) return g;
   }
+}
+
+// The forward with weights in registers and its gate phase in the product warps: row group j (kR =
+// 4 rows) is unit j's four gates (i, f, g, o), one warp's lanes hold them over the whole row (row
+// length <= 32 x 32), and each team of one warp takes one tile of 4 batch rows (the batch <= 4 x
+// the teams a unit has). After a tile's sums the warp gathers a (batch row, unit)'s four gates in
+// one lane by shuffles and runs the cell there: no partial sums through shared memory, no barrier
+// between the products and the gates, the cells of the block's units on all its warps at once. The
+// staging buffer is two (step s stages into buffer s & 1, so a warp's next stage never overwrites
+// what a slower warp still reads: one barrier a step). Only with several blocks (the on-chip path
+// writes h_t into the staging buffer).
+Geometry geometry_fused(const Shape& s, int64_t units) {
+  Geometry g;
+  g.smem = INT32_MAX;
+  const int64_t H = s.hidden, B = s.batch, rows = 4 * units, kp = (H + 3) / 4 * 4;
+  int64_t groups = 1;
+  while (groups < units) groups *= 2;
+  if (groups > kWarps || kp > 32 * (kRegFloats / 4)) return g;
+  const int64_t warps = kWarps / groups, tiles = (B + kRegBt - 1) / kRegBt;
+  int64_t teams = 1;
+  while (teams < tiles) teams *= 2;
+  if (teams > warps) return g;
+  const int64_t vbytes = align16(B * kp * 4), state = align16(units * B * 4), bias = align16(rows * 4);
+  const int64_t smem = 2 * vbytes + state + bias;
+  if (smem > s.device.smem_per_block_optin) return g;
+  g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
+  g.bs = static_cast<int>(B), g.parts = 1, g.reg = 4, g.groups = static_cast<int>(groups);
+  g.teams = static_cast<int>(teams), g.fuse = 1;
+  g.off_v = 0, g.off_acc = static_cast<int>(2 * vbytes), g.off_state = g.off_acc;
+  g.off_bias = g.off_state + static_cast<int>(state);
+  g.smem = static_cast<int>(smem);
+  return g;
 }
 
 // ---- device code ----------------------------------------------------------------------------------
@@ -342,43 +379,54 @@ __device__ __forceinline__ void load_reg_weights(float (&w)[kR][kRegFloats / kR]
   }
 }
 
+// One tile of the products with the weights in registers: the sums over this warp's lanes' share of
+// the row of its kR rows x batch rows [b0, b0 + kRegBt) (clamped to nb), spread over the lanes
+// (warp_sum_spread: lane l holds value spread_index(l) = row x kRegBt + batch row).
+template <int kR>
+__device__ __forceinline__ float reg_tile(const float (&w)[kR][kRegFloats / kR], const Geometry& geo,
+                                          const RegPlace& at, const float* __restrict__ v, int nb, int b0) {
+  constexpr int kBt = kRegBt, N = kR * kBt, kC = kRegFloats / kR / 4;
+  const int lane = threadIdx.x % 32, kp = geo.kp, groups = kp / 4, stride = 32 * geo.parts;
+  const float* vr[kBt];
+#pragma unroll
+  for (int j = 0; j < kBt; ++j) vr[j] = v + static_cast<int64_t>(min(b0 + j, nb - 1)) * kp;
+  float s[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) s[i] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kC; ++c) {
+    const int g = at.q + stride * c;
+    if (g < groups) {
+      float x[kBt][4];
+#pragma unroll
+      for (int j = 0; j < kBt; ++j) {
+        const float4 t = *reinterpret_cast<const float4*>(vr[j] + 4 * g);
+        x[j][0] = t.x, x[j][1] = t.y, x[j][2] = t.z, x[j][3] = t.w;
+      }
+#pragma unroll
+      for (int i = 0; i < kR; ++i)
+#pragma unroll
+        for (int j = 0; j < kBt; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i * kBt + j] = fmaf(w[i][4 * c + e], x[j][e], s[i * kBt + j]);
+    }
+  }
+  return warp_sum_spread<N>(s, lane);
+}
+
 // block_products with the weights in registers: acc[part][r][b] as there, `part` the warp within
 // its team (the team's lanes split the row length), rows of every row group, batch rows < nb.
 template <int kR>
 __device__ __forceinline__ void reg_products(const float (&w)[kR][kRegFloats / kR], const Geometry& geo,
                                              const float* __restrict__ v, int nb, float* __restrict__ acc) {
-  constexpr int kBt = kRegBt, N = kR * kBt, kC = kRegFloats / kR / 4;
+  constexpr int kBt = kRegBt, N = kR * kBt;
   const RegPlace at = reg_place(geo);
-  const int lane = threadIdx.x % 32, kp = geo.kp, groups = kp / 4, stride = 32 * geo.parts;
+  const int lane = threadIdx.x % 32;
   const int btiles = (nb + kBt - 1) / kBt;
   if (at.team >= geo.teams) return;  // a warp past the row group's teams x parts (geometry_reg)
   for (int bt = at.team; bt < btiles; bt += geo.teams) {
     const int b0 = bt * kBt;
-    const float* vr[kBt];
-#pragma unroll
-    for (int j = 0; j < kBt; ++j) vr[j] = v + static_cast<int64_t>(min(b0 + j, nb - 1)) * kp;
-    float s[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) s[i] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kC; ++c) {
-      const int g = at.q + stride * c;
-      if (g < groups) {
-        float x[kBt][4];
-#pragma unroll
-        for (int j = 0; j < kBt; ++j) {
-          const float4 t = *reinterpret_cast<const float4*>(vr[j] + 4 * g);
-          x[j][0] = t.x, x[j][1] = t.y, x[j][2] = t.z, x[j][3] = t.w;
-        }
-#pragma unroll
-        for (int i = 0; i < kR; ++i)
-#pragma unroll
-          for (int j = 0; j < kBt; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[i * kBt + j] = fmaf(w[i][4 * c + e], x[j][e], s[i * kBt + j]);
-      }
-    }
-    const float total = warp_sum_spread<N>(s, lane);
+    const float total = reg_tile<kR>(w, geo, at, v, nb, b0);
     const int idx = spread_index<N>(lane);
     const int r = at.rg * kR + idx / kBt, b = b0 + idx % kBt;
     if ((lane & (32 / N - 1)) == 0 && r < geo.rows && b < nb) acc[(at.part * geo.rows + r) * geo.bs + b] = total;
@@ -516,7 +564,8 @@ __host__ __device__ inline bool on_chip(int grid, int bs, int64_t batch) { retur
 
 // kR > 0: the weights in registers (geometry_reg), kR rows a thread, one block an SM; 0: in shared
 // memory, at most 128 registers a thread (2 blocks an SM, as plan()'s last geometries take).
-template <typename T, int kBt, int kR>
+// kFuse: geometry_fused's (kR 4), an instance of its own (in one with the other paths it spilled).
+template <typename T, int kBt, int kR, bool kFuse = false>
 __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kernel(const FwdArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
@@ -534,8 +583,8 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
   // Row r = gate * u + j of the slice is W_hh's row gate * H + unit0 + j (zeros past H).
   float wr[kR > 0 ? kR : 1][kR > 0 ? kRegFloats / kR : 1];
   if constexpr (kR > 0) {
-    load_reg_weights<kR>(wr, geo, [&](int r, int k) {
-      const int gate = r / u, unit = unit0 + r - gate * u;
+    load_reg_weights<kR>(wr, geo, [&](int r, int k) {  // fused: row r is unit r / 4's gate r % 4
+      const int gate = kFuse ? r % 4 : r / u, unit = unit0 + (kFuse ? r / 4 : r - gate * u);
       return unit < H && k < H ? to_float(a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k]) : 0.0f;
     });
   } else {
@@ -584,6 +633,66 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
   // A thread that owns one (batch row, unit) has its offsets computed once (the phase is one warp's
   // serial chain at the seed size).
   const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j, my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
+
+  if constexpr (kFuse) {
+    {  // geometry_fused: the gate phase in the product warps
+      const RegPlace at = reg_place(geo);
+      const int lane = tid % 32, j = at.rg, unit = unit0 + j, b = at.team * kRegBt + lane / 2;
+      // The cell lanes: 0, 2, 4, 6 hold gate i of the tile's batch rows 0-3 (spread_index<16>(l) =
+      // l / 2 = gate x 4 + batch row); f, g and o are 8, 16 and 24 lanes on.
+      const bool cell = at.team < geo.teams && lane < 2 * kRegBt && (lane & 1) == 0 && j < u && unit < H && b < B;
+      const int64_t e = static_cast<int64_t>(b) * H + unit, row = static_cast<int64_t>(b) * G + unit;
+      float fproj[4] = {0.0f, 0.0f, 0.0f, 0.0f}, fbias[4] = {0.0f, 0.0f, 0.0f, 0.0f}, fc = 0.0f;
+      auto load_fproj = [&](int64_t s) {
+        const float* g = a.gates + time_of(s, a.steps, a.reverse) * B * G + row;
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) fproj[gate] = g[gate * H];
+      };
+      if (cell) {
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) fbias[gate] = bias[gate * u + j];
+        fc = c_state[b * u + j];
+        load_fproj(0);
+      }
+      const int vstride = B * kp;  // the second buffer
+      HFNN_PHASES_BEGIN
+      for (int64_t s = 0; s < a.steps; ++s) {
+        const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
+        float* const vs = v + (s & 1) * vstride;
+        stage_polling(vs, a.hs + read_slot(t, a.reverse) * BH, 0, B, H, kp);
+        __syncthreads();  // vs filled; every warp past its products of step s - 1 (the other buffer)
+        HFNN_PHASE(0)
+        if (at.team < geo.teams) {
+          const float total = reg_tile<4>(wr, geo, at, vs, B, at.team * kRegBt);
+          const float pf = __shfl_sync(0xffffffffu, total, lane + 8);
+          const float pg = __shfl_sync(0xffffffffu, total, lane + 16);
+          const float po = __shfl_sync(0xffffffffu, total, lane + 24);
+          HFNN_PHASE(1)
+          if (cell) {
+            const Cell c = cell_forward(total + fproj[0] + fbias[0], pf + fproj[1] + fbias[1],
+                                        pg + fproj[2] + fbias[2], po + fproj[3] + fbias[3], fc);
+            fc = c.c;
+            store_exchange(a.hs + out_slot * BH + e, c.h);  // the next step's chain first
+            float* g = a.gates + t * B * G + row;
+            g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
+            const T h = from_float<T>(c.h);
+            a.cs[t * BH + e] = c.c;
+            if (a.hd) a.hd[out_slot * BH + e] = h;
+            a.y[t * BH + e] = h;
+            if (s + 1 == a.steps) {
+              a.h_n[e] = h;
+              a.c_n[e] = from_float<T>(c.c);
+            } else {
+              load_fproj(s + 1);
+            }
+          }
+        }
+        HFNN_PHASE(2)
+      }
+      HFNN_PHASES_END(0)
+      return;
+    }
+  }
 
   HFNN_PHASES_BEGIN
   for (int64_t s = 0; s < a.steps; ++s) {
@@ -887,17 +996,20 @@ decltype(auto) with_reg_rows(int kr, F&& f) {
   return f.template operator()<0>();
 }
 
-template <bool kBackward, typename T, int kBt, int kR>
+template <bool kBackward, typename T, int kBt, int kR, bool kFuse = false>
 constexpr auto kernel_fn() {
   if constexpr (kBackward)
     return persistent_bwd_kernel<T, kBt, kR>;
   else
-    return persistent_fwd_kernel<T, kBt, kR>;
+    return persistent_fwd_kernel<T, kBt, kR, kFuse>;
 }
 
-// f(kernel) for the kernel of geometry reg kr (0, 4 or 8) and tile batch kbt (kr 0 only).
+// f(kernel) for the kernel of geometry reg kr (0, 4 or 8), tile batch kbt (kr 0 only) and fuse
+// (the forward's geometry_fused).
 template <bool kBackward, typename T, typename F>
-decltype(auto) with_kernel(int kr, int kbt, F&& f) {
+decltype(auto) with_kernel(int kr, int kbt, bool fuse, F&& f) {
+  if constexpr (!kBackward)
+    if (fuse) return f(kernel_fn<false, T, kRegBt, 4, true>());
   return with_reg_rows(kr, [&]<int kR>() {
     if constexpr (kR > 0)
       return f(kernel_fn<kBackward, T, kRegBt, kR>());
@@ -906,10 +1018,10 @@ decltype(auto) with_kernel(int kr, int kbt, F&& f) {
   });
 }
 
-const void* kernel_of(bool backward, DType dtype, int kbt, int kr) {
+const void* kernel_of(bool backward, DType dtype, int kbt, int kr, bool fuse = false) {
   return dispatch_dtype(dtype, [&]<typename T>() {
     auto as_void = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
-    return backward ? with_kernel<true, T>(kr, kbt, as_void) : with_kernel<false, T>(kr, kbt, as_void);
+    return backward ? with_kernel<true, T>(kr, kbt, false, as_void) : with_kernel<false, T>(kr, kbt, fuse, as_void);
   });
 }
 
@@ -919,8 +1031,9 @@ const void* kernel_of(bool backward, DType dtype, int kbt, int kr) {
 constexpr int64_t kLoneWork = 64 * 1024;
 
 // The launch for a shape, the first of these that fits shared memory with every block resident:
-// one block (small steps: kLoneWork); one block an SM with the weights in registers (geometry_reg,
-// where the slice fits); one block an SM (the fewest units that keep the grid within
+// one block (small steps: kLoneWork); one block an SM with the weights in registers (the forward
+// first with its gates in the product warps, geometry_fused, then geometry_reg, where the slice
+// fits); one block an SM (the fewest units that keep the grid within
 // the SM count: fewer blocks to wait on, and 2 blocks an SM add nothing to the products an SM does);
 // the fewest units a block such that the grid is resident (several blocks an SM, as before: this
 // keeps every shape the variant took). nullopt where none fits. Depends on neither T nor the
@@ -959,6 +1072,16 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   std::optional<Geometry> found;
   Geometry g;
   if (H <= kLoneWork && s.batch <= kLoneWork && 4 * H * H * s.batch <= kLoneWork && attempt(H, g) == 1) found = g;
+  if (!found && !backward) {
+    const int64_t units = (H + s.device.sm_count - 1) / s.device.sm_count, grid = (H + units - 1) / units;
+    Geometry r = geometry_fused(s, units);
+    if (grid > 1 && r.smem <= s.device.smem_per_block_optin &&
+        grid <= resident_clusters(kernel_of(false, s.dtype, kbt, r.reg, true), kThreads, 1,
+                                  static_cast<std::size_t>(r.smem), 1, s.device)) {
+      r.grid = static_cast<int>(grid);
+      found = r;
+    }
+  }
   if (!found) {
     const int64_t units = (H + s.device.sm_count - 1) / s.device.sm_count, grid = (H + units - 1) / units;
     Geometry r = geometry_reg(backward, s, units);
@@ -1052,7 +1175,7 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch * s.hidden, stream);
         e != cudaSuccess)
       return e;
-    return with_kernel<false, T>(geo->reg, tile_batch(s.batch),
+    return with_kernel<false, T>(geo->reg, tile_batch(s.batch), geo->fuse != 0,
                                  [&](auto kernel) { return launch_cooperative(kernel, *geo, stream, a); });
   });
 }
@@ -1075,7 +1198,7 @@ cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream) {
       const std::size_t bytes = static_cast<std::size_t>(geo->grid) * kFlagWords * sizeof(unsigned);
       if (const cudaError_t e = cudaMemsetAsync(sc.flags, 0, bytes, stream); e != cudaSuccess) return e;
     }
-    return with_kernel<true, T>(geo->reg, tile_batch(s.batch),
+    return with_kernel<true, T>(geo->reg, tile_batch(s.batch), false,
                                 [&](auto kernel) { return launch_cooperative(kernel, *geo, stream, a); });
   });
   if (err != cudaSuccess) return err;

@@ -474,7 +474,9 @@ TEST(LstmKernels, PersistentIsBitIdenticalRunToRun) {
 // The launch geometries plan() picks (lstm_persistent.cu): one block (a small step), one block an
 // SM (H a multiple of the SM count: one unit a block, exactly as many blocks as SMs; and one past
 // it), several blocks an SM (the largest size, in PersistentRunsAtItsLimitAndRefusesPastIt), with
-// one thread a (batch row, unit) and with several, in one batch chunk and in several.
+// one thread a (batch row, unit) and with several, in one batch chunk and in several; the forward
+// with its gates in the product warps (geometry_fused) with several batch tiles and with 8 units a
+// block, the last block's partly past H.
 TEST(LstmKernels, PersistentCoversItsGeometries) {
   if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
   const Variant* v = find("persistent");
@@ -486,6 +488,9 @@ TEST(LstmKernels, PersistentCoversItsGeometries) {
     cases.push_back({4, 3, 7, sms, d, true, false, false, true});         // one unit a block, grid = SMs
     cases.push_back({3, 2, 8, 2 * sms + 1, d, false, true, true, false});  // grid <= SMs, a ragged last block
     cases.push_back({2, 96, 8, 300, d, true, true, false, true});         // several batch chunks
+    cases.push_back({3, 9, 5, sms, d, false, true, true, false});         // fused forward, 3 batch tiles
+    // fused, 8 units a block (132 SMs: H = 956, 120 blocks, the last with 4 units)
+    cases.push_back({4, 4, 6, std::max<int64_t>(8 * sms - 100, 7 * sms + 1), d, true, false, false, true});
   }
   std::vector<int> ran;
   const std::vector<const Variant*> one = {v};
