@@ -95,9 +95,8 @@ constexpr int kStageBatch = 16;
 // totals at the end (forward phases: h_{t-1} staged, products, gates; backward: gates, publish,
 // wait for the words, dG_t staged, products, sums). persistent_phases() hands them to the C++
 // timing test. With several batch chunks a step (bs < B) a chunk's gates (forward) or sums
-// (backward) count in the next chunk's stage. The 56 bytes of static shared memory (112 in the fused
-// forward's instance, which declares them in both of its paths) can refuse a launch whose dynamic
-// shared memory plan() put within them of the device's limit.
+// (backward) count in the next chunk's stage. The 56 bytes of static shared memory can refuse a
+// launch whose dynamic shared memory plan() put within them of the device's limit.
 #ifdef HFNN_LSTM_PHASES
 constexpr int kPhases = 6, kPhaseBlocks = 1024;
 __device__ long long phase_cycles[2][kPhaseBlocks][kPhases];
@@ -622,173 +621,144 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
   const bool own_one = bs >= B && B * u <= kThreads;
   const int my_b = tid / u, my_j = tid - my_b * u;
   const bool mine = own_one && tid < B * u && unit0 + my_j < H;
+  // A thread that owns one (batch row, unit) has its offsets computed once (the phase is one warp's
+  // serial chain at the seed size).
+  const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j;
+  const int64_t my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
   float proj[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  auto load_proj = [&](int64_t s, float (&out)[4]) {
-    const float* g = a.gates + (time_of(s, a.steps, a.reverse) * B + my_b) * G + unit0 + my_j;
+  // The projection of step s for the (batch row b, unit) at row = b G + unit.
+  auto load_proj = [&](int64_t s, int64_t row, float (&out)[4]) {
+    const float* g = a.gates + time_of(s, a.steps, a.reverse) * B * G + row;
 #pragma unroll
     for (int gate = 0; gate < 4; ++gate) out[gate] = g[gate * H];
   };
-  if (mine) load_proj(0, proj);
+  if (!kFuse && mine) load_proj(0, my_row, proj);
   __syncthreads();  // the weights, biases (and on chip h0) in shared memory before the first products
-  // A thread that owns one (batch row, unit) has its offsets computed once (the phase is one warp's
-  // serial chain at the seed size).
-  const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j, my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
+  // A cell's outputs: h_t first, into the history's next slot (the other blocks' next stage waits
+  // for it; on chip into the staging buffer as well), then what nothing in this launch reads back:
+  // the gates at g (over the projection), c_t, y, the dtype's history and, at the last step, h_n, c_n.
+  auto put_cell = [&](const Cell& c, int b, int unit, int64_t e, float* g, int64_t t, int64_t out_slot, bool last) {
+    if (chip) {
+      v[b * kp + unit] = c.h;
+      a.hs[out_slot * BH + e] = c.h;
+    } else {
+      store_exchange(a.hs + out_slot * BH + e, c.h);
+    }
+    g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
+    const T h = from_float<T>(c.h);
+    a.cs[t * BH + e] = c.c;
+    if (a.hd) a.hd[out_slot * BH + e] = h;
+    a.y[t * BH + e] = h;
+    if (last) {
+      a.h_n[e] = h;
+      a.c_n[e] = from_float<T>(c.c);
+    }
+  };
 
-  if constexpr (kFuse) {
-    {  // geometry_fused: the gate phase in the product warps
-      const RegPlace at = reg_place(geo);
-      const int lane = tid % 32, j = at.rg, unit = unit0 + j, b = at.team * kRegBt + lane / 2;
-      // The cell lanes: 0, 2, 4, 6 hold gate i of the tile's batch rows 0-3 (spread_index<16>(l) =
-      // l / 2 = gate x 4 + batch row); f, g and o are 8, 16 and 24 lanes on.
-      const bool cell = at.team < geo.teams && lane < 2 * kRegBt && (lane & 1) == 0 && j < u && unit < H && b < B;
-      const int64_t e = static_cast<int64_t>(b) * H + unit, row = static_cast<int64_t>(b) * G + unit;
-      float fproj[4] = {0.0f, 0.0f, 0.0f, 0.0f}, fbias[4] = {0.0f, 0.0f, 0.0f, 0.0f}, fc = 0.0f;
-      auto load_fproj = [&](int64_t s) {
-        const float* g = a.gates + time_of(s, a.steps, a.reverse) * B * G + row;
+  if constexpr (kFuse) {  // geometry_fused: the gate phase in the product warps (chip is false)
+    const RegPlace at = reg_place(geo);
+    const int lane = tid % 32, j = at.rg, unit = unit0 + j, b = at.team * kRegBt + lane / 2;
+    // The cell lanes: 0, 2, 4, 6 hold gate i of the tile's batch rows 0-3 (spread_index<16>(l) =
+    // l / 2 = gate x 4 + batch row); f, g and o are 8, 16 and 24 lanes on.
+    const bool cell = at.team < geo.teams && lane < 2 * kRegBt && (lane & 1) == 0 && j < u && unit < H && b < B;
+    const int64_t e = static_cast<int64_t>(b) * H + unit, row = static_cast<int64_t>(b) * G + unit;
+    float fproj[4] = {0.0f, 0.0f, 0.0f, 0.0f}, fbias[4] = {0.0f, 0.0f, 0.0f, 0.0f}, fc = 0.0f;
+    if (cell) {
 #pragma unroll
-        for (int gate = 0; gate < 4; ++gate) fproj[gate] = g[gate * H];
-      };
-      if (cell) {
-#pragma unroll
-        for (int gate = 0; gate < 4; ++gate) fbias[gate] = bias[gate * u + j];
-        fc = c_state[b * u + j];
-        load_fproj(0);
+      for (int gate = 0; gate < 4; ++gate) fbias[gate] = bias[gate * u + j];
+      fc = c_state[b * u + j];
+      load_proj(0, row, fproj);
+    }
+    const int vstride = B * kp;  // the second buffer
+    HFNN_PHASES_BEGIN
+    for (int64_t s = 0; s < a.steps; ++s) {
+      const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
+      float* const vs = v + (s & 1) * vstride;
+      stage_polling(vs, a.hs + read_slot(t, a.reverse) * BH, 0, B, H, kp);
+      __syncthreads();  // vs filled; every warp past its products of step s - 1 (the other buffer)
+      HFNN_PHASE(0)
+      if (at.team < geo.teams) {
+        const float total = reg_tile<4>(wr, geo, at, vs, B, at.team * kRegBt);
+        const float pf = __shfl_sync(0xffffffffu, total, lane + 8);
+        const float pg = __shfl_sync(0xffffffffu, total, lane + 16);
+        const float po = __shfl_sync(0xffffffffu, total, lane + 24);
+        HFNN_PHASE(1)
+        if (cell) {
+          const Cell c = cell_forward(total + fproj[0] + fbias[0], pf + fproj[1] + fbias[1],
+                                      pg + fproj[2] + fbias[2], po + fproj[3] + fbias[3], fc);
+          fc = c.c;
+          put_cell(c, b, unit, e, a.gates + t * B * G + row, t, out_slot, s + 1 == a.steps);
+          if (s + 1 < a.steps) load_proj(s + 1, row, fproj);
+        }
       }
-      const int vstride = B * kp;  // the second buffer
-      HFNN_PHASES_BEGIN
-      for (int64_t s = 0; s < a.steps; ++s) {
-        const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
-        float* const vs = v + (s & 1) * vstride;
-        stage_polling(vs, a.hs + read_slot(t, a.reverse) * BH, 0, B, H, kp);
-        __syncthreads();  // vs filled; every warp past its products of step s - 1 (the other buffer)
+      HFNN_PHASE(2)
+    }
+    HFNN_PHASES_END(0)
+  } else {  // every other geometry
+    HFNN_PHASES_BEGIN
+    for (int64_t s = 0; s < a.steps; ++s) {
+      const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
+      const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
+      for (int b0 = 0; b0 < B; b0 += bs) {
+        const int nb = min(bs, B - b0);
+        if (!chip) {
+          // (v's last readers, the products of the chunk before, finished before the barrier after
+          // them; acc's, the gate phase before, finish before the barrier below.)
+          stage_polling(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
+          __syncthreads();                          // v filled by every thread before any warp's products
+        }
         HFNN_PHASE(0)
-        if (at.team < geo.teams) {
-          const float total = reg_tile<4>(wr, geo, at, vs, B, at.team * kRegBt);
-          const float pf = __shfl_sync(0xffffffffu, total, lane + 8);
-          const float pg = __shfl_sync(0xffffffffu, total, lane + 16);
-          const float po = __shfl_sync(0xffffffffu, total, lane + 24);
-          HFNN_PHASE(1)
-          if (cell) {
-            const Cell c = cell_forward(total + fproj[0] + fbias[0], pf + fproj[1] + fbias[1],
-                                        pg + fproj[2] + fbias[2], po + fproj[3] + fbias[3], fc);
-            fc = c.c;
-            store_exchange(a.hs + out_slot * BH + e, c.h);  // the next step's chain first
-            float* g = a.gates + t * B * G + row;
-            g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
-            const T h = from_float<T>(c.h);
-            a.cs[t * BH + e] = c.c;
-            if (a.hd) a.hd[out_slot * BH + e] = h;
-            a.y[t * BH + e] = h;
-            if (s + 1 == a.steps) {
-              a.h_n[e] = h;
-              a.c_n[e] = from_float<T>(c.c);
-            } else {
-              load_fproj(s + 1);
+        if constexpr (kR > 0)
+          reg_products<kR>(wr, geo, v, nb, acc);
+        else
+          block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
+        __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
+        HFNN_PHASE(1)
+        if (kR > 0 && own_one) {  // one chunk, this thread's (batch row, unit) alone (kR 0: 128 registers)
+          if (mine) {
+            float pre[4];
+#pragma unroll
+            for (int gate = 0; gate < 4; ++gate) {
+              float sum = 0.0f;
+              for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + my_j) * bs + my_b];
+              pre[gate] = sum + proj[gate] + bias[gate * u + my_j];
+            }
+            const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[tid]);
+            c_state[tid] = c.c;
+            put_cell(c, my_b, unit0 + my_j, my_e, a.gates + t * B * G + my_row, t, out_slot, s + 1 == a.steps);
+          }
+        } else {
+          for (int idx = tid; idx < nb * u; idx += kThreads) {
+            const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
+            if (unit >= H) continue;
+            float* g = a.gates + (t * B + b) * G + unit;  // the projection in, the gates out
+            float pre[4];
+#pragma unroll
+            for (int gate = 0; gate < 4; ++gate) {
+              float sum = 0.0f;
+              for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + j) * bs + bb];
+              pre[gate] = sum + (own_one ? proj[gate] : g[gate * H]) + bias[gate * u + j];
+            }
+            const int si = b * u + j;
+            const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
+            c_state[si] = c.c;
+            put_cell(c, b, unit, static_cast<int64_t>(b) * H + unit, g, t, out_slot, s + 1 == a.steps);
+            if (s + 1 < a.steps && !own_one) {  // the next step's projection, from HBM into L2 while this step finishes
+              const float* next = a.gates + (time_of(s + 1, a.steps, a.reverse) * B + b) * G + unit;
+#pragma unroll
+              for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
             }
           }
         }
-        HFNN_PHASE(2)
       }
-      HFNN_PHASES_END(0)
-      return;
+      if (mine && s + 1 < a.steps) load_proj(s + 1, my_row, proj);
+      // On chip: every thread's h_t in v before the next products read it. Otherwise the next
+      // stage's own waiting orders it: no barrier.
+      if (chip) __syncthreads();
+      HFNN_PHASE(2)
     }
+    HFNN_PHASES_END(0)
   }
-
-  HFNN_PHASES_BEGIN
-  for (int64_t s = 0; s < a.steps; ++s) {
-    const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
-    const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
-    for (int b0 = 0; b0 < B; b0 += bs) {
-      const int nb = min(bs, B - b0);
-      if (!chip) {
-        // (v's last readers, the products of the chunk before, finished before the barrier after
-        // them; acc's, the gate phase before, finish before the barrier below.)
-        stage_polling(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
-        __syncthreads();                          // v filled by every thread before any warp's products
-      }
-      HFNN_PHASE(0)
-      if constexpr (kR > 0)
-        reg_products<kR>(wr, geo, v, nb, acc);
-      else
-        block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
-      __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
-      HFNN_PHASE(1)
-      if (kR > 0 && own_one) {  // one chunk, this thread's (batch row, unit) alone (kR 0: 128 registers)
-        if (mine) {
-          float pre[4];
-#pragma unroll
-          for (int gate = 0; gate < 4; ++gate) {
-            float sum = 0.0f;
-            for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + my_j) * bs + my_b];
-            pre[gate] = sum + proj[gate] + bias[gate * u + my_j];
-          }
-          const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[tid]);
-          c_state[tid] = c.c;
-          const int64_t te = t * BH + my_e;
-          if (chip) {
-            v[my_b * kp + unit0 + my_j] = c.h;
-            a.hs[out_slot * BH + my_e] = c.h;
-          } else {
-            store_exchange(a.hs + out_slot * BH + my_e, c.h);
-          }
-          float* g = a.gates + t * B * G + my_row;
-          g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
-          const T h = from_float<T>(c.h);
-          a.cs[te] = c.c;
-          if (a.hd) a.hd[out_slot * BH + my_e] = h;
-          a.y[te] = h;
-          if (s + 1 == a.steps) {
-            a.h_n[my_e] = h;
-            a.c_n[my_e] = from_float<T>(c.c);
-          }
-        }
-      } else {
-      for (int idx = tid; idx < nb * u; idx += kThreads) {
-        const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
-        if (unit >= H) continue;
-        float* g = a.gates + (t * B + b) * G + unit;  // the projection in, the gates out
-        float pre[4];
-#pragma unroll
-        for (int gate = 0; gate < 4; ++gate) {
-          float sum = 0.0f;
-          for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + j) * bs + bb];
-          pre[gate] = sum + (own_one ? proj[gate] : g[gate * H]) + bias[gate * u + j];
-        }
-        const int si = b * u + j;
-        const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
-        c_state[si] = c.c;
-        const int64_t e = static_cast<int64_t>(b) * H + unit;
-        // The exchange first (the next step's chain), the rest after: nothing in this launch
-        // reads them back.
-        if (chip) {
-          v[b * kp + unit] = c.h;
-          a.hs[out_slot * BH + e] = c.h;
-        } else {
-          store_exchange(a.hs + out_slot * BH + e, c.h);
-        }
-        g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
-        const T h = from_float<T>(c.h);
-        a.cs[t * BH + e] = c.c;
-        if (a.hd) a.hd[out_slot * BH + e] = h;
-        a.y[t * BH + e] = h;
-        if (s + 1 == a.steps) {
-          a.h_n[e] = h;
-          a.c_n[e] = from_float<T>(c.c);
-        } else if (!own_one) {  // the next step's projection, from HBM into L2 while this step finishes
-          const float* next = a.gates + (time_of(s + 1, a.steps, a.reverse) * B + b) * G + unit;
-#pragma unroll
-          for (int gate = 0; gate < 4; ++gate) prefetch_l2(next + gate * H);
-        }
-      }
-      }
-    }
-    if (mine && s + 1 < a.steps) load_proj(s + 1, proj);
-    // On chip: every thread's h_t in v before the next products read it. Otherwise the next
-    // stage's own waiting orders it: no barrier.
-    if (chip) __syncthreads();
-    HFNN_PHASE(2)
-  }
-  HFNN_PHASES_END(0)
 }
 
 template <typename T>
@@ -857,7 +827,8 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_bwd_kerne
   const int my_b = tid / u, my_j = tid - my_b * u;
   const bool mine = own_one && tid < B * u && unit0 + my_j < H;
   float in_g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, in_c = 0.0f, in_cp = 0.0f, in_dy = 0.0f;
-  const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j, my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
+  const int64_t my_e = static_cast<int64_t>(my_b) * H + unit0 + my_j;
+  const int64_t my_row = static_cast<int64_t>(my_b) * G + unit0 + my_j;
   auto load_cell = [&](int64_t s) {
     const int64_t t = time_of(s, a.steps, a.reverse), t_prev = s > 0 ? time_of(s - 1, a.steps, a.reverse) : -1;
     const float* g = a.gates + t * B * G + my_row;
@@ -1072,27 +1043,20 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   std::optional<Geometry> found;
   Geometry g;
   if (H <= kLoneWork && s.batch <= kLoneWork && 4 * H * H * s.batch <= kLoneWork && attempt(H, g) == 1) found = g;
-  if (!found && !backward) {
-    const int64_t units = (H + s.device.sm_count - 1) / s.device.sm_count, grid = (H + units - 1) / units;
-    Geometry r = geometry_fused(s, units);
-    if (grid > 1 && r.smem <= s.device.smem_per_block_optin &&
-        grid <= resident_clusters(kernel_of(false, s.dtype, kbt, r.reg, true), kThreads, 1,
-                                  static_cast<std::size_t>(r.smem), 1, s.device)) {
-      r.grid = static_cast<int>(grid);
-      found = r;
-    }
-  }
-  if (!found) {
-    const int64_t units = (H + s.device.sm_count - 1) / s.device.sm_count, grid = (H + units - 1) / units;
-    Geometry r = geometry_reg(backward, s, units);
-    if (r.smem <= s.device.smem_per_block_optin &&
-        grid <= resident_clusters(kernel_of(backward, s.dtype, kbt, r.reg), kThreads, 1,
-                                  static_cast<std::size_t>(r.smem), 1, s.device)) {
-      r.grid = static_cast<int>(grid);
-      found = r;
-    }
-  }
-  if (!found && attempt((H + s.device.sm_count - 1) / s.device.sm_count, g) == 1) found = g;
+  // One block an SM with the weights in registers (r from geometry_fused or geometry_reg) where it
+  // fits with every block resident.
+  const int64_t sm_units = (H + s.device.sm_count - 1) / s.device.sm_count, sm_grid = (H + sm_units - 1) / sm_units;
+  auto resident_reg = [&](Geometry r) {
+    if (r.smem > s.device.smem_per_block_optin ||
+        sm_grid > resident_clusters(kernel_of(backward, s.dtype, kbt, r.reg, r.fuse != 0), kThreads, 1,
+                                    static_cast<std::size_t>(r.smem), 1, s.device))
+      return;
+    r.grid = static_cast<int>(sm_grid);
+    found = r;
+  };
+  if (!found && !backward && sm_grid > 1) resident_reg(geometry_fused(s, sm_units));
+  if (!found) resident_reg(geometry_reg(backward, s, sm_units));
+  if (!found && attempt(sm_units, g) == 1) found = g;
   // At most 2048 threads an SM: a lower bound on the units a block needs.
   const int64_t most_blocks = static_cast<int64_t>(s.device.sm_count) * (2048 / kThreads);
   const int64_t fewest = std::max<int64_t>(1, (H + most_blocks - 1) / most_blocks);
