@@ -128,7 +128,11 @@ k::GemmContext gemm_context(const Tensor& like, Tensor& keep) {
     keep = at::empty({static_cast<int64_t>(kLtWorkspace)}, like.options().dtype(at::kByte));
     g.workspace = keep.data_ptr(), g.workspace_size = kLtWorkspace;
   }
-  g.tf32 = at::globalContext().allowTF32CuBLAS();
+  // TF32 where torch's own nn.LSTM would use it: cuDNN's RNN takes TF32 in float32 under
+  // torch.backends.cudnn.rnn.fp32_precision ("tf32", torch's default; the older
+  // torch.backends.cudnn.allow_tf32 sets it too), not under the matmul setting. So hfnn's float32
+  // LSTM keeps the precision contract of the op it replaces. The recurrence stays float32 FMA.
+  g.tf32 = at::globalContext().allowTF32CuDNN(at::Float32Op::RNN);
   return g;
 }
 

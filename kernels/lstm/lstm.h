@@ -51,7 +51,7 @@ struct GemmContext {
 #endif
   void* workspace = nullptr;
   std::size_t workspace_size = 0;
-  bool tf32 = false;  // float32 GEMMs in TF32 (torch.backends.cuda.matmul.allow_tf32)
+  bool tf32 = false;  // float32 GEMMs in TF32 (the op: as torch.backends.cudnn.rnn.fp32_precision)
 };
 
 struct FwdParams {

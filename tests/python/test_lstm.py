@@ -706,6 +706,23 @@ def test_bench_help_teaches_and_the_map_plots(tmp_path):
     svg = (tmp_path / "map.svg").read_text()
     assert svg.startswith("<svg") and ">4.00<" in svg and ">0.50<" in svg and "bfloat16" in svg
     assert "not measured" in svg  # (128, 256) and (4096, 1) were not timed
+    # The built-in choice: variants at least 1.1x faster than cuDNN, fastest first; a wrong one never.
+    more = [dict(records[0], config=[256, 256, 8, 100], candidate=c, median_ms=ms, correct=ok)
+            for c, ms, ok in [("cudnn", 1.0, True), ("persistent", 0.95, True), ("steps", 0.5, False)]]
+    orders = bench.builtin_orders(records + more)
+    assert orders == {"bfloat16": {128: {1: ("persistent", "steps")}, 256: {8: ()}, 4096: {256: ()}}}
+    out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "grid.json"), "--builtin-out",
+                          str(tmp_path / "builtin.py")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    spec = importlib.util.spec_from_file_location("builtin", tmp_path / "builtin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.ORDERS == {"bfloat16": {128: {1: ("persistent", "steps")}, 4096: {256: ()}}}
+    assert module.GPU == ["NVIDIA H200"] and module.MARGIN == 1.1
+    (tmp_path / "none.json").write_text("[]")
+    out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "none.json"), "--builtin-out",
+                          str(tmp_path / "b2.py")], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "no grid records" in out.stderr and not (tmp_path / "b2.py").exists()
 
 
 # ---- GPU: the real ops ----------------------------------------------------------------------------------------
@@ -772,9 +789,12 @@ def gpu_check(m, x, hx, dtype, failures, label):
 
 @requires_lstm_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_gpu_every_variant_over_a_dense_sweep(dtype):
+def test_gpu_every_variant_over_a_dense_sweep(dtype, monkeypatch):
     """hidden 1..17 and around every power of two to 1025, batch 1..128, steps 1..64, layers 1-2,
-    bidirectional and batch_first both ways, in turn (not the full product: a few hundred cases)."""
+    bidirectional and batch_first both ways, in turn (not the full product: a few hundred cases).
+    float32 in IEEE (cuDNN's and hfnn's GEMMs alike): the kernels' own error, not TF32's, which at
+    tiny sizes reaches the gate itself (test_gpu_float32_takes_tf32_exactly_where_cudnns_lstm_would)."""
+    monkeypatch.setattr(torch.backends.cudnn.rnn, "fp32_precision", "ieee")
     failures, ran = [], collections.Counter()
     cases = 0
     for i, hidden in enumerate(HIDDEN):
@@ -795,6 +815,33 @@ def test_gpu_every_variant_over_a_dense_sweep(dtype):
     assert not failures, "\n".join(failures[:40])
     print(f"{dtype}: {cases} cases, variants ran on {dict(ran)}")
     assert ran["steps"] + ran["persistent"] > 0
+
+
+@requires_lstm_ops
+@pytest.mark.parametrize("variant", ["persistent", "steps"])
+def test_gpu_float32_takes_tf32_exactly_where_cudnns_lstm_would(variant):
+    """hfnn's float32 LSTM follows torch.backends.cudnn.rnn.fp32_precision, the setting of the
+    op it replaces (cuDNN's RNN; "tf32" is torch's default): "ieee" gives float32 GEMMs (within
+    1e-5 of float64 everywhere), "tf32" TF32 ones (the projection and weight gradients then 2^-11
+    operand rounding, well above the ieee errors) and still within the family's gate."""
+    before = torch.backends.cudnn.rnn.fp32_precision
+    torch.manual_seed(5)
+    m = nn.LSTM(256, 256, batch_first=True, device="cuda")
+    x, hx = inputs(m, 4, 16, True, dtype=torch.float32, device="cuda")
+    xt = x.transpose(0, 1).contiguous()
+    if not torch.ops.hfnn.lstm_supports(xt, m.weight_hh_l0, variant):
+        pytest.skip(f"{variant} does not take hidden 256, batch 4 on this GPU")
+    ref = gpu_reference(m, x, hx)
+    errs = {}
+    try:
+        for precision in ("ieee", "tf32"):
+            torch.backends.cudnn.rnn.fp32_precision = precision
+            errs[precision] = gpu_errors(m, variant, x, hx, torch.float32, ref)
+    finally:
+        torch.backends.cudnn.rnn.fp32_precision = before
+    assert max(errs["ieee"]) < 1e-5, errs["ieee"]
+    assert max(errs["tf32"]) > 10 * max(errs["ieee"]), errs
+    assert max(errs["tf32"]) < TOLERANCE[torch.float32], errs["tf32"]
 
 
 @requires_lstm_ops
@@ -868,24 +915,32 @@ def test_gpu_measure_times_torch_and_every_variant_and_rejects_the_planted_one()
 
 
 def test_the_builtin_choice_follows_the_measurements(monkeypatch, standin, counts):
-    """Without a table: the persistent kernel at hidden >= 512 where batch <= 4 or batch x hidden
-    <= 16,384, the step loop in 16-bit at large batch, cuDNN elsewhere, with its own reason
-    (bench/README.md, "nn.LSTM kernels": the points each side of the rule were measured)."""
+    """Without a table: the crossover grid's choice (python/hfnn/_lstm_builtin.py, generated from
+    bench/lstm.py --grid) at its points, the nearest point's (in log2 of hidden and of batch) between
+    them, cuDNN beyond it and in a dtype it did not time; fp16 takes bf16's map."""
+    from hfnn import _lstm_builtin as grid
+
     order = _REAL_BUILTIN_ORDER  # the stand-in fixture lets every variant run
     monkeypatch.setattr(hfnn.nn, "_lstm_builtin_order", order)
-    persistent = ("persistent", "steps")
-    # measured wins: the seed (985, batch 4), (512, batch 32) in float32 and bf16 (2026-11-25); the
-    # step loop after the persistent kernel only where it wins (16-bit at batch >= 16), else cuDNN
-    assert order(4, 985, torch.float32) == order(1, 512, torch.bfloat16) == persistent
-    assert order(32, 512, torch.bfloat16) == persistent
-    assert order(32, 512, torch.float32) == ("persistent",)
-    # inside the rule, not measured: batch <= 4 at any hidden >= 512; batch x hidden <= 16,384
-    assert order(4, 4096, torch.float32) == order(16, 1024, torch.float16) == persistent
-    assert order(8, 2048, torch.float32) == order(8, 2048, torch.bfloat16) == ("persistent",)
-    # measured losses: (985, batch 32) and (1,024, batch 64); the step loop in 16-bit there
-    assert order(32, 985, torch.bfloat16) == order(64, 1024, torch.bfloat16) == order(128, 256, torch.float16) == ("steps",)
-    assert order(32, 985, torch.float32) == order(64, 1024, torch.float32) == order(4, 128, torch.float32) == ()
-    assert order(8, 256, torch.bfloat16) == ()
+    names = set(torch.ops.hfnn.lstm_variants()) if REAL_OPS else {"persistent", "steps"}
+    assert set(grid.ORDERS) == {"float32", "bfloat16"} and grid.MARGIN >= 1.0
+    for dtype_name, by_hidden in grid.ORDERS.items():
+        dtype = getattr(torch, dtype_name)
+        for hidden, by_batch in by_hidden.items():
+            for batch, want in by_batch.items():
+                assert set(want) <= names, (hidden, batch, want)
+                assert order(batch, hidden, dtype) == want, (dtype_name, hidden, batch)
+    f32, b16 = grid.ORDERS["float32"], grid.ORDERS["bfloat16"]
+    # between points: hidden 985 -> 1,024, 700 -> 512 (log2 distance 0.45 against 0.55); batch 3 -> 4, 40 -> 32
+    assert order(4, 985, torch.float32) == f32[1024][4] and order(3, 985, torch.bfloat16) == b16[1024][4]
+    assert order(8, 700, torch.float32) == f32[512][8] and order(40, 128, torch.bfloat16) == b16[128][32]
+    assert order(4, 985, torch.float16) == b16[1024][4]
+    # the seed's shape is a measured win in both dtypes (bench/results/lstm_grid-h100.json)
+    assert order(4, 985, torch.float32)[0] == order(4, 985, torch.bfloat16)[0] == "persistent"
+    # beyond the grid by more than half a step, and a dtype it did not time: cuDNN
+    assert order(4, 64, torch.float32) == order(4, 8192, torch.bfloat16) == order(512, 512, torch.bfloat16) == ()
+    assert order(4, 512, torch.float64) == ()
+    assert order(4, 90, torch.float32) == () and order(4, 91, torch.float32) == f32[128][4]
     # A small module on the stand-in ops, its built-in choice cuDNN: torch's path, counted so.
     ref, ours = pair(8, 16)
     x, hx = inputs(ours, 3, 5, False)
