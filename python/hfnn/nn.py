@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import torch
@@ -108,6 +109,8 @@ _LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # point in log2 of hidden and of batch; one beyond the grid by more than half a grid step (hidden
 # under 91 or over 5,793, batch over 362) keeps cuDNN, as does a dtype the grid did not time (fp16
 # takes bf16's map: the same kernels). `hfnn tune` measures every key it stores in any case.
+# Cached: it runs on every call of a module without a tuned key.
+@functools.lru_cache(maxsize=256)
 def _lstm_builtin_order(batch: int, hidden: int, dtype: torch.dtype) -> tuple:
     from . import _lstm_builtin
 
