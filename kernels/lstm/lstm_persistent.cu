@@ -37,7 +37,11 @@
 // value itself is communicated, so no release/acquire pattern is needed: a ready step costs one L2
 // round trip (before: store, release, poll flags, fence, load). Every step writes slots of its own
 // (hs [T+1, B, H]; the backward's dG [T, B, 4H] too), so nothing a slow consumer has still to read
-// is overwritten.
+// is overwritten. The non-fused forward's stage (stage_polling<true>, rows a multiple of 4) reads by
+// cp.async.cg instead: a weak read in the model's terms, served at L2 (the point of coherence for
+// every SM; .cg never allocates in L1), 16 bytes of which each aligned 4 are the mark or the one
+// value written. A mark only sends the 16 bytes round again, so the worst a stale read costs is a
+// retry; the consumer's products read nothing but these values.
 // Every block is resident (a cooperative launch checks it), so a consumer spinning on a value never
 // waits for a block that is not running, and no block can run more than a step ahead of the slowest
 // (it needs that block's values of the step before).
@@ -56,7 +60,11 @@
 // relaxed reads that observed the releases, the PTX memory model's acquire pattern) and
 // __syncthreads; then it copies dG_t into shared memory with cp.async (every copy in flight at once,
 // one wait: stage_ready), every value one of this step.
-// No memset of dG (T x B x 4H floats: 63 MB at the seed size) before the launch any more.
+// No memset of dG (T x B x 4H floats: 63 MB at the seed size) before the launch any more. Values as
+// readiness again, staged as the forward's by cp.async with re-copies of what is still empty (no
+// publish, no wait; 2026-11-26, results/lstm_bwd_values_as_readiness-h100.json): 20-100% slower a
+// backward step at batch 4 and more (seed float32 6.56 -> 8.16 us), faster only at batch 1
+// (hidden 512-1,024: 8-16%), so the words stay.
 //
 // A grid of one block whose batch fits one stage (small steps, plan()) keeps the whole recurrence
 // on chip: the forward writes h_t straight into the staging buffer its next products read, the
