@@ -18,8 +18,11 @@ The result is a JSON object: gpu, world_size, dtype, tf32, steps, torch_step_ms,
 (medians over every timed step of every repeat), measured_speedup, best_run_speedup (the fastest
 run's median of each mode, against each other), projected_speedup,
 projection_error_pct, max_loss_diff (largest difference of the loss at the same step),
-profile_step_ms and profile_gpu_busy_ms (the profiled step's wall and GPU busy time: the
-projection's basis), projected_saved_ms, tuned_ops_torch_ms and ceiling_speedup (torch's time per
+profile_step_ms and profile_gpu_busy_ms (the profiled step's wall and GPU busy time),
+projection_basis and projection_step_ms (what the projection started from: the plain step, timed
+in the profiled process after the recorded steps, or else the GPU busy time), rnn_fp32_precision
+(torch.backends.cudnn.rnn.fp32_precision: TF32 or not in cuDNN's float32 LSTM and hfnn's alike),
+projected_saved_ms, tuned_ops_torch_ms and ceiling_speedup (torch's time per
 step in the tuned keys, and the speed-up if they took none), the tune table, both loss curves and
 step times, and what the dispatcher ran (HFNN_VERBOSE's summary). --plot writes an SVG of step
 time and loss.
@@ -176,9 +179,12 @@ def main():
         "projection_error_pct": round(100 * (projected / measured - 1), 2) if projected else None,
         "max_loss_diff": loss_diff,
         # the profiled step (median; wall time stretched by the profiler's CPU cost) and its GPU busy
-        # time, the projection's basis when the profile has CUDA activity
+        # time; the projection's basis (the plain step where the profile timed one) and its step
         "profile_step_ms": projection.get("wall_step_ms", projection["step_ms"]) if projection else None,
-        "profile_gpu_busy_ms": projection["step_ms"] if projection and projection.get("basis") == "gpu_busy" else None,
+        "profile_gpu_busy_ms": projection.get("gpu_busy_ms") if projection else None,
+        "projection_basis": projection.get("basis") if projection else None,
+        "projection_step_ms": projection["step_ms"] if projection else None,
+        "rnn_fp32_precision": torch.backends.cudnn.rnn.fp32_precision,
         "projected_saved_ms": projection["saved_ms"] if projection else None,
         # torch's time per step in the tuned keys, and the speed-up if they took none: the most that
         # replacing these ops alone can give on this step (Amdahl)

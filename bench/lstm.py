@@ -352,6 +352,38 @@ def _esc(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+GRID_KEYS = ("gpu", "config", "dtype", "candidate", "median_ms")
+
+
+def grid_records(path: Path) -> list:
+    """The grid records of a bench/lstm.py result file, each with the fields the map and the built-in
+    choice read; exits with one line naming the file where it has none."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        sys.exit(f"bench/lstm.py: --plot-from {path}: not a result file of bench/lstm.py ({e})")
+    records = [r for r in data if isinstance(r, dict) and r.get("grid")] if isinstance(data, list) else []
+    good = [r for r in records if all(k in r for k in GRID_KEYS) and isinstance(r["config"], list)
+            and len(r["config"]) == 4 and isinstance(r["median_ms"], (int, float))]
+    if not good or len(good) != len(records):
+        what = "no grid records" if not records else f"{len(records) - len(good)} grid records without {', '.join(GRID_KEYS)}"
+        sys.exit(f"bench/lstm.py: --plot-from {path}: {what} (bench/lstm.py --grid writes them)")
+    if not builtin_orders(good):
+        sys.exit(f"bench/lstm.py: --plot-from {path}: no grid point has cuDNN timed (bench/lstm.py --grid writes them)")
+    return good
+
+
+def write_whole(path: Path, text: str) -> None:
+    """path's new text, whole or not at all: a temporary file beside it, renamed over it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        sys.exit(f"bench/lstm.py: cannot write {path}: {e}")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="where to write the records (default: bench/results/lstm-<gpu>.json, "
@@ -377,23 +409,23 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.builtin_out and not (args.grid or args.plot_from):
+        sys.exit("bench/lstm.py: --builtin-out needs grid records: give --grid (time them) or --plot-from FILE")
     if args.plot_from:
-        try:
-            records = json.loads(args.plot_from.read_text())
-        except (OSError, ValueError) as e:
-            sys.exit(f"bench/lstm.py: --plot-from {args.plot_from}: not a result file of bench/lstm.py ({e})")
         if not args.plot and not args.builtin_out:
             sys.exit("bench/lstm.py: --plot-from needs --plot PATH (the SVG) or --builtin-out PATH (the built-in choice)")
-        if args.builtin_out and not builtin_orders(records):
-            sys.exit(f"bench/lstm.py: --plot-from {args.plot_from}: no grid records with cuDNN timed (bench/lstm.py --grid "
-                     "writes them)")
-        gpu = next((r["gpu"] for r in records), "?")
+        records = grid_records(args.plot_from)
+        gpu = records[0]["gpu"]
+        # Both texts first, then each written whole (a temporary file renamed over it): a failure
+        # leaves no half-written SVG or module (python/hfnn imports the module on an LSTM call).
+        texts = []
         if args.plot:
-            args.plot.write_text(svg_map(records, f"LSTM crossover on {gpu}"))
-            print(f"wrote {args.plot}")
+            texts.append((args.plot, svg_map(records, f"LSTM crossover on {gpu}")))
         if args.builtin_out:
-            args.builtin_out.write_text(builtin_module(records, str(args.plot_from)))
-            print(f"wrote {args.builtin_out}")
+            texts.append((args.builtin_out, builtin_module(records, str(args.plot_from))))
+        for path, text in texts:
+            write_whole(path, text)
+            print(f"wrote {path}")
         return 0
     import torch
 
@@ -439,11 +471,10 @@ def main(argv=None) -> int:
     save()
     print(f"wrote {len(records)} records to {out}", flush=True)
     if args.plot:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        args.plot.write_text(svg_map(records, f"LSTM crossover on {args.gpu}, {args.grid_steps} steps"))
+        write_whole(args.plot, svg_map(records, f"LSTM crossover on {args.gpu}, {args.grid_steps} steps"))
         print(f"wrote {args.plot}", flush=True)
     if args.builtin_out and args.grid:
-        args.builtin_out.write_text(builtin_module(records, str(out)))
+        write_whole(args.builtin_out, builtin_module(records, str(out)))
         print(f"wrote {args.builtin_out}", flush=True)
     if args.json:
         print(json.dumps(records))

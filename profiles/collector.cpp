@@ -911,11 +911,14 @@ void drain_gpu_locked(State& s) {
 
 // The recorded steps' CUDA activity, finished: drained, and CUPTI's activity disabled (nothing of it
 // runs in the steps after). Once, at the end of the recorded steps or at exit, whichever is first.
-void finish_gpu_locked(State& s) {
+// At the end of the recorded steps CUPTI leaves the process too (`detach`): the script runs on,
+// its plain steps timed, and an attached CUPTI slows every launch even with its activity disabled
+// (examples/lstm_lm.py on an H100, launch-bound: plain step 45.2 ms against 41.6 in a fresh process).
+void finish_gpu_locked(State& s, bool detach) {
   if (!s.gpu || s.gpu_finished) return;
   s.gpu_finished = true;
   drain_gpu_locked(s);
-  CuptiActivity::stop();
+  CuptiActivity::stop(detach);
 }
 
 // Under --sample, around the unsampled steps: CUPTI's activity off (no CUPTI work in their
@@ -942,7 +945,7 @@ void start_step_clock_locked(State& s) {
 #else
 void attribute_locked(State&, bool) {}
 void forget_old_locked(State&) {}
-void finish_gpu_locked(State&) {}
+void finish_gpu_locked(State&, bool) {}
 void pause_gpu_locked(State&) {}
 void resume_gpu_locked(State&) {}
 void start_step_clock_locked(State&) {}
@@ -995,7 +998,7 @@ void observe_locked(State& s, Phase phase) {
 // profiler_recording after each.)
 void end_recording_locked(State& s) {
   s.recording = false;
-  finish_gpu_locked(s);
+  finish_gpu_locked(s, true);
   s.step_times.settle(false);  // the devices drained: the recorded steps' events have completed
   observe_locked(s, s.plain_steps > 0 ? Phase::kPlain : Phase::kDone);
   write_part(s);
@@ -1329,7 +1332,13 @@ void stop() {
   s.stopped = true;
   s.recording = false;
   observe_locked(s, Phase::kDone);
-  finish_gpu_locked(s);  // the last kernels finish (when the script ended while recording)
+  finish_gpu_locked(s, false);  // the last kernels finish (when the script ended while recording)
+#if HFNN_GPU_ACTIVITY
+  if (s.gpu) {
+    CuptiActivity::cancel_detach();
+    s.meta["cupti_detach"] = CuptiActivity::detach_state();
+  }
+#endif
   s.step_times.settle(true);  // the plain or unsampled steps still waiting for their GPU interval
   // step_gpu_ms has one slot past the last recorded step (the one in progress): drop it.
   if (s.step_gpu_ms.size() > s.step_ms.size()) s.step_gpu_ms.resize(s.step_ms.size());

@@ -220,6 +220,40 @@ std::string describe(CUptiResult r) {
   return text ? text : "unknown CUPTI error";
 }
 
+// ---- Detaching ----
+// CUPTI allows one subscriber, so the launch callbacks' is gone first; this one sees every runtime
+// and driver call, and the first to return finalizes CUPTI from inside its callback (the exit of an
+// API call, as NVIDIA's cupti_finalize sample does), which also ends the subscription. cuptiFinalize
+// is process-wide: a tool tracing with CUPTI's activity API alone (no subscriber) would lose its
+// trace too; one holding the subscriber makes the request fail ("refused"). After it no hfnn code
+// calls CUPTI (every CuptiActivity entry point checks g_active, false since stop()); a thread that
+// passed that check just before (an op's push or pop on another thread) would re-initialize CUPTI
+// lazily, which costs only the detach.
+enum class Detach { kNone, kRequested, kFinalized, kFailed, kRefused, kCancelled };
+std::atomic<Detach> g_detach{Detach::kNone};
+std::atomic<bool> g_finalizing{false};  // claimed once: by the callback that finalizes, or by cancel_detach
+
+void CUPTIAPI on_api_for_detach(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void* data) {
+  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  if (cb->callbackSite != CUPTI_API_EXIT || g_finalizing.exchange(true)) return;
+  g_detach = cuptiFinalize() == CUPTI_SUCCESS ? Detach::kFinalized : Detach::kFailed;
+}
+
+void request_detach() {
+  CUpti_SubscriberHandle detacher = nullptr;
+  if (cuptiSubscribe(&detacher, on_api_for_detach, nullptr) != CUPTI_SUCCESS) {
+    g_detach = Detach::kRefused;  // another tool holds CUPTI's subscriber
+    return;
+  }
+  if (cuptiEnableDomain(1, detacher, CUPTI_CB_DOMAIN_RUNTIME_API) != CUPTI_SUCCESS ||
+      cuptiEnableDomain(1, detacher, CUPTI_CB_DOMAIN_DRIVER_API) != CUPTI_SUCCESS) {
+    cuptiUnsubscribe(detacher);
+    g_detach = Detach::kRefused;
+    return;
+  }
+  g_detach = Detach::kRequested;
+}
+
 }  // namespace
 
 bool CuptiActivity::start(std::string* why_not, Join join) {
@@ -254,6 +288,21 @@ bool CuptiActivity::start(std::string* why_not, Join join) {
   return true;
 }
 
+void CuptiActivity::cancel_detach() {
+  if (g_detach == Detach::kRequested && !g_finalizing.exchange(true)) g_detach = Detach::kCancelled;
+}
+
+const char* CuptiActivity::detach_state() {
+  switch (g_detach.load()) {
+    case Detach::kRequested: return "requested";
+    case Detach::kFinalized: return "finalized";
+    case Detach::kFailed: return "cuptiFinalize failed";
+    case Detach::kRefused: return "refused: another tool holds CUPTI's subscriber";
+    case Detach::kCancelled: return "not done: no CUDA call between the recorded steps' end and the exit";
+    default: return "none";
+  }
+}
+
 const char* CuptiActivity::join_name() {
   switch (g_join) {
     case Join::kCallbacks: return "callbacks";
@@ -263,13 +312,14 @@ const char* CuptiActivity::join_name() {
   }
 }
 
-void CuptiActivity::stop() {
+void CuptiActivity::stop(bool detach) {
   if (!g_active.exchange(false)) return;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   untrace_apis();
   unsubscribe();
   for (auto kind : kKinds) cuptiActivityDisable(kind);
   g_paused = false;
+  if (detach) request_detach();
 }
 
 void CuptiActivity::pause() {

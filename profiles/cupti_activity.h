@@ -44,8 +44,17 @@ class CuptiActivity {
   static bool start(std::string* why_not, Join join = Join::kExternalCorrelation);
   // The join in force ("external correlation", "callbacks", ...), for the part's meta.
   static const char* join_name();
-  // Flushes, disables and forgets. Safe to call when start() failed or twice.
-  static void stop();
+  // Flushes, disables and forgets. Safe to call when start() failed or twice. With `detach`, CUPTI
+  // then leaves the process (cuptiFinalize, at the exit of the next CUDA API call on any thread, as
+  // NVIDIA's cupti_finalize sample does): a CUPTI that was attached keeps costing every launch after
+  // its activity is disabled (a launch-bound step up to 9% slower, so the plain steps read slow), and
+  // only finalizing removes that. Once finalized, start() is not called again in the process.
+  static void stop(bool detach = false);
+  // At exit, before CUDA and torch tear down: a detach still waiting for its API call is called off
+  // (finalizing inside the process's teardown is not worth the risk).
+  static void cancel_detach();
+  // "none", "requested", "finalized", or why not: for the part's meta (cupti_detach).
+  static const char* detach_state();
   // Activity off and on again (--sample: the unsampled steps), the traced calls kept; the caller
   // drains the device and the records first.
   static void pause();

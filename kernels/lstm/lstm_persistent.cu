@@ -38,10 +38,12 @@
 // round trip (before: store, release, poll flags, fence, load). Every step writes slots of its own
 // (hs [T+1, B, H]; the backward's dG [T, B, 4H] too), so nothing a slow consumer has still to read
 // is overwritten. The non-fused forward's stage (stage_polling<true>, rows a multiple of 4) reads by
-// cp.async.cg instead: a weak read in the model's terms, served at L2 (the point of coherence for
-// every SM; .cg never allocates in L1), 16 bytes of which each aligned 4 are the mark or the one
-// value written. A mark only sends the 16 bytes round again, so the worst a stale read costs is a
-// retry; the consumer's products read nothing but these values.
+// cp.async.cg instead: a weak 16-byte read racing with the 4-byte strong stores, a mixed-size race
+// the PTX model leaves undefined, so what follows rests on the hardware, not on the model. The read
+// is served at L2 (the point of coherence for every SM; .cg never allocates in L1), and each aligned
+// 4 bytes of it are the mark or the one value written (tests/python/test_lstm.py's dense sweep and
+// the C++ tests pass on it). A mark only sends the 16 bytes round again, so the worst a stale read
+// costs is a retry; the consumer's products read nothing but these values.
 // Every block is resident (a cooperative launch checks it), so a consumer spinning on a value never
 // waits for a block that is not running, and no block can run more than a step ahead of the slowest
 // (it needs that block's values of the step before).
@@ -62,9 +64,9 @@
 // one wait: stage_ready), every value one of this step.
 // No memset of dG (T x B x 4H floats: 63 MB at the seed size) before the launch any more. Values as
 // readiness again, staged as the forward's by cp.async with re-copies of what is still empty (no
-// publish, no wait; 2026-11-26, results/lstm_bwd_values_as_readiness-h100.json): 20-100% slower a
-// backward step at batch 4 and more (seed float32 6.56 -> 8.16 us), faster only at batch 1
-// (hidden 512-1,024: 8-16%), so the words stay.
+// publish, no wait; 2026-11-26, results/lstm_bwd_values_as_readiness-h100.json): 11-106% slower a
+// backward step at hidden >= 128, batch >= 4 (seed float32 6.56 -> 8.16 us), -2 to +22% at hidden
+// 8-32, faster only at batch 1, hidden 512-1,024 (7-16%), so the words stay.
 //
 // A grid of one block whose batch fits one stage (small steps, plan()) keeps the whole recurrence
 // on chip: the forward writes h_t straight into the staging buffer its next products read, the
@@ -475,10 +477,11 @@ __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float
   // read mid-step hold some values and some marks, never a torn value. One L2 round trip where the
   // values are ready, whatever the batch; the loop below keeps 16 values a thread in flight, a
   // round trip for every 4,096 values (hidden 512, batch 32: 4 a step; 1,024, 32: 8). H100, C++
-  // timing test, us a forward step: 12.6 -> 8.8 (512, 32, float32), 29.9 -> 20.0 (1,024, 32),
-  // 24.9 -> 15.0 (1,024, 32, bf16). The fused forward (kCopy false) keeps the loop below: there
-  // the copy took hidden 1,024, batch 4 from 3.5 to 5.1 us a step and hidden 128, batch 32 from 2.3
-  // to 3.8 (and 128, 1 from 1.6 to 1.3), not understood yet.
+  // timing test, us a forward step (bench/results/lstm_fwd_copy_stage-h100.json, medians of two
+  // alternated runs): 12.55 -> 8.87 (512, 32, float32), 29.68 -> 20.01 (1,024, 32), 24.85 -> 15.05
+  // (1,024, 32, bf16). The fused forward (kCopy false) keeps the loop below: there the copy took
+  // hidden 1,024, batch 4 from 3.48 to 5.09 us a step and hidden 128, batch 32 from 2.27 to 3.84
+  // (though 128, 1 went from 1.62 to 1.28), not understood yet.
   if (kCopy && len == kp && ((reinterpret_cast<uintptr_t>(base) | reinterpret_cast<uintptr_t>(v)) & 15) == 0) {
     const int n4 = n / 4;
     const float4* from = reinterpret_cast<const float4*>(base);

@@ -719,10 +719,18 @@ def test_bench_help_teaches_and_the_map_plots(tmp_path):
     spec.loader.exec_module(module)
     assert module.ORDERS == {"bfloat16": {128: {1: ("persistent", "steps")}, 4096: {256: ()}}}
     assert module.GPU == ["NVIDIA H200"] and module.MARGIN == 1.1
-    (tmp_path / "none.json").write_text("[]")
-    out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "none.json"), "--builtin-out",
-                          str(tmp_path / "b2.py")], capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and "no grid records" in out.stderr and not (tmp_path / "b2.py").exists()
+    # Input that is not grid records: one line naming the file, nothing written, for either output.
+    for text, says in [("[]", "no grid records"), ("[1, 2]", "no grid records"), ('{"a": 1}', "no grid records"),
+                       ('[{"grid": true}]', "grid records without"), ("not json", "not a result file")]:
+        (tmp_path / "bad.json").write_text(text)
+        for flag, dest in (("--builtin-out", "b2.py"), ("--plot", "b2.svg")):
+            out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "bad.json"), flag,
+                                  str(tmp_path / dest)], capture_output=True, text=True, timeout=60)
+            assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr, (text, out.stderr)
+            assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / dest).exists(), (text, out.stderr)
+    out = subprocess.run([sys.executable, str(BENCH), "--builtin-out", str(tmp_path / "b3.py")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "--grid" in out.stderr and not (tmp_path / "b3.py").exists()
 
 
 # ---- GPU: the real ops ----------------------------------------------------------------------------------------
@@ -941,6 +949,8 @@ def test_the_builtin_choice_follows_the_measurements(monkeypatch, standin, count
     assert order(4, 64, torch.float32) == order(4, 8192, torch.bfloat16) == order(512, 512, torch.bfloat16) == ()
     assert order(4, 512, torch.float64) == ()
     assert order(4, 90, torch.float32) == () and order(4, 91, torch.float32) == f32[128][4]
+    assert order(4, 5792, torch.float32) == f32[4096][4] and order(4, 5793, torch.float32) == ()
+    assert order(362, 512, torch.bfloat16) == b16[512][256] and order(363, 512, torch.bfloat16) == ()
     # A small module on the stand-in ops, its built-in choice cuDNN: torch's path, counted so.
     ref, ours = pair(8, 16)
     x, hx = inputs(ours, 3, 5, False)
