@@ -226,22 +226,29 @@ def bench_point(torch, hfnn, args, config, dtype_name, grid=False):
     return records
 
 
-def speedups(records):
-    """{dtype: {(hidden, batch): (best variant's cudnn/variant fwd+bwd ratio, its name)}} of grid records."""
+def grid_totals(records):
+    """{(dtype, hidden, batch): {candidate: fwd+bwd ms}} of the grid records that passed the float64
+    check (or had none)."""
     total = {}
     for r in records:
         if not r.get("grid") or r.get("correct") is False:
             continue
-        key = (r["dtype"], r["config"][1], r["config"][2], r["candidate"])
-        total[key] = total.get(key, 0.0) + r["median_ms"]
+        by = total.setdefault((r["dtype"], r["config"][1], r["config"][2]), {})
+        by[r["candidate"]] = by.get(r["candidate"], 0.0) + r["median_ms"]
+    return total
+
+
+def speedups(records):
+    """{dtype: {(hidden, batch): (best variant's cudnn/variant fwd+bwd ratio, its name)}} of grid records."""
     out = {}
-    for (dtype, hidden, batch, name), ms in total.items():
-        base = total.get((dtype, hidden, batch, "cudnn"))
-        if name == "cudnn" or not base or ms <= 0:
-            continue
-        cell = out.setdefault(dtype, {})
-        if (hidden, batch) not in cell or base / ms > cell[(hidden, batch)][0]:
-            cell[(hidden, batch)] = (base / ms, name)
+    for (dtype, hidden, batch), by in grid_totals(records).items():
+        base = by.get("cudnn")
+        for name, ms in by.items():
+            if name == "cudnn" or not base or ms <= 0:
+                continue
+            cell = out.setdefault(dtype, {})
+            if (hidden, batch) not in cell or base / ms > cell[(hidden, batch)][0]:
+                cell[(hidden, batch)] = (base / ms, name)
     return out
 
 
@@ -290,15 +297,8 @@ BUILTIN_MARGIN = 1.1
 def builtin_orders(records, margin: float = BUILTIN_MARGIN):
     """{dtype: {hidden: {batch: (variants faster than cuDNN by >= margin, fastest first)}}} of grid
     records (correct ones only); () where cuDNN keeps the point."""
-    total = {}
-    for r in records:
-        if not r.get("grid") or r.get("correct") is False:
-            continue
-        key = (r["dtype"], r["config"][1], r["config"][2])
-        total.setdefault(key, {})
-        total[key][r["candidate"]] = total[key].get(r["candidate"], 0.0) + r["median_ms"]
     out = {}
-    for (dtype, hidden, batch), by in sorted(total.items()):
+    for (dtype, hidden, batch), by in sorted(grid_totals(records).items()):
         base = by.get("cudnn")
         if not base:
             continue
@@ -444,14 +444,9 @@ def main(argv=None) -> int:
         args.round_s = min(args.round_s, 0.03)
     records = []
     out = args.out or ROOT / "bench" / "results" / f"lstm{'_grid' if args.grid else ''}-{gpu_slug(args.gpu)}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save():
-        # After every point, whole (a temporary file renamed over OUT): a run cut short by a time
-        # limit keeps the points it timed, and OUT is never half written.
-        tmp = out.with_name(out.name + ".partial")
-        tmp.write_text(json.dumps(records, indent=1) + "\n")
-        tmp.replace(out)
+    def save():  # after every point: a run cut short by a time limit keeps the points it timed
+        write_whole(out, json.dumps(records, indent=1) + "\n")
 
     if args.grid:
         hiddens, batches = (QUICK_GRID_HIDDEN, QUICK_GRID_BATCH) if args.quick else (GRID_HIDDEN, GRID_BATCH)

@@ -921,6 +921,14 @@ void finish_gpu_locked(State& s, bool detach) {
   CuptiActivity::stop(detach);
 }
 
+// At exit: a detach still waiting for a CUDA call is called off (no finalizing inside the process's
+// teardown), and the part's meta says what became of it.
+void settle_detach_locked(State& s) {
+  if (!s.gpu) return;
+  CuptiActivity::cancel_detach();
+  s.meta["cupti_detach"] = CuptiActivity::detach_state();
+}
+
 // Under --sample, around the unsampled steps: CUPTI's activity off (no CUPTI work in their
 // launches), then on again for the next recorded step.
 void pause_gpu_locked(State& s) {
@@ -946,6 +954,7 @@ void start_step_clock_locked(State& s) {
 void attribute_locked(State&, bool) {}
 void forget_old_locked(State&) {}
 void finish_gpu_locked(State&, bool) {}
+void settle_detach_locked(State&) {}
 void pause_gpu_locked(State&) {}
 void resume_gpu_locked(State&) {}
 void start_step_clock_locked(State&) {}
@@ -1333,12 +1342,7 @@ void stop() {
   s.recording = false;
   observe_locked(s, Phase::kDone);
   finish_gpu_locked(s, false);  // the last kernels finish (when the script ended while recording)
-#if HFNN_GPU_ACTIVITY
-  if (s.gpu) {
-    CuptiActivity::cancel_detach();
-    s.meta["cupti_detach"] = CuptiActivity::detach_state();
-  }
-#endif
+  settle_detach_locked(s);
   s.step_times.settle(true);  // the plain or unsampled steps still waiting for their GPU interval
   // step_gpu_ms has one slot past the last recorded step (the one in progress): drop it.
   if (s.step_gpu_ms.size() > s.step_ms.size()) s.step_gpu_ms.resize(s.step_ms.size());
