@@ -38,6 +38,9 @@
 #             sweep, "compile default": the built-in choice beside it in the same run)
 #   default-check  torch and the built-in choice at the sweep's widths and 41 between them
 #             ($DEFAULT_WIDTHS: other --widths)
+#   defaults-refresh  the sweep files in $REFRESH_PARTS merged into this GPU's committed sweep, the
+#             built-in choice's data written from it, and default-check run with that data
+#             (HFNN_LAYER_NORM_DEFAULTS) before it is compiled in
 #   mha       bench/mha.py: nn.MultiheadAttention against hfnn's op with each attention core
 #   lstm      bench/lstm.py: nn.LSTM (cuDNN) against every hfnn LSTM variant, the configs
 #             ($LSTM_ARGS adds options, e.g. --quick)
@@ -271,6 +274,24 @@ if want default-check; then
   timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-$gpu.json" \
     --candidates torch default --widths ${DEFAULT_WIDTHS:-sweep between} 2>&1 | tee "$OUT/default-check.log" \
     | grep -E "FAILED|wrote|^- |^  - |copy" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want defaults-refresh; then
+  # The built-in choice's data made again on the GPU and checked before it is compiled in: the sweep
+  # files in $REFRESH_PARTS (this GPU's, from `sweep` earlier in this call or carried) merged into
+  # this copy of bench/results/layer_norm_sweep-$gpu.json, the data written from every GPU's sweep
+  # as bench/README says, then default-check with it through HFNN_LAYER_NORM_DEFAULTS. Both files
+  # come back under $OUT; here `--defaults` of the same files must write the same bytes.
+  sweep_file=bench/results/layer_norm_sweep-$gpu.json
+  if python3 bench/layer_norm_sweep.py --merge "$sweep_file" "$sweep_file" ${REFRESH_PARTS:-} \
+      && python3 bench/layer_norm_sweep.py --defaults "$OUT/layer_norm_defaults.json" bench/results/layer_norm_sweep-*.json; then
+    cp "$sweep_file" "$OUT/"
+    HFNN_LAYER_NORM_DEFAULTS=$OUT/layer_norm_defaults.json timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler \
+      bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-$gpu.json" --candidates torch default \
+      --widths ${DEFAULT_WIDTHS:-sweep between} 2>&1 | tee "$OUT/default-check.log" \
+      | grep -E "FAILED|wrote|^- |^  - |copy" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    echo "defaults-refresh: merging $REFRESH_PARTS or writing the data failed"; status=1
+  fi
 fi
 if want sweep-compile; then
   # COMPILE_SIZES, COMPILE_WIDTHS and COMPILE_CANDIDATES (default: torch.compile alone at 16M, every

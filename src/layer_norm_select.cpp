@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "kernels/common/dtype.h"
@@ -148,6 +151,22 @@ int first_accepted(const std::vector<int>& ranking, const std::function<bool(int
   return kTorch;
 }
 
+Defaults Defaults::from_file(const std::string& path, const std::vector<std::string>& fwd_names,
+                             const std::vector<std::string>& bwd_names) {
+  const std::string fix =
+      "; point it at a file written by `bench/layer_norm_sweep.py --defaults OUT SWEEP...`, or unset it "
+      "for the compiled-in data";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(std::string(kDefaultsEnv) + "=" + path + ": cannot read it" + fix);
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return parse(text.str(), fwd_names, bwd_names);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(kDefaultsEnv) + "=" + path + ": " + e.what() + fix);
+  }
+}
+
 const Defaults& Defaults::builtin() {
   static const Defaults d = [] {
     std::vector<std::string> fwd, bwd;
@@ -155,6 +174,8 @@ const Defaults& Defaults::builtin() {
     for (const auto& v : kernels::layer_norm::fwd_variants()) fwd.emplace_back(v.name);
     for (const auto& v : kernels::layer_norm::bwd_variants()) bwd.emplace_back(v.name);
 #endif
+    const char* path = std::getenv(kDefaultsEnv);
+    if (path && *path) return from_file(path, fwd, bwd);
     return parse(kDefaultsJson, fwd, bwd);
   }();
   return d;

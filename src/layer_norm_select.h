@@ -48,6 +48,10 @@ class GpuDefaults {
   std::array<std::vector<Point>, 30> groups_;
 };
 
+// The environment variable naming a file of `bench/layer_norm_sweep.py --defaults` to use instead of
+// the compiled-in data.
+inline constexpr const char* kDefaultsEnv = "HFNN_LAYER_NORM_DEFAULTS";
+
 class Defaults {
  public:
   // Reads the JSON of `bench/layer_norm_sweep.py --defaults`; `fwd_names` and `bwd_names` map
@@ -55,7 +59,13 @@ class Defaults {
   // text is not such a file.
   static Defaults parse(std::string_view json, const std::vector<std::string>& fwd_names,
                         const std::vector<std::string>& bwd_names);
-  // The compiled-in data, read once (against this build's registry).
+  // parse() of a file's text; a file that cannot be read or parsed is a std::runtime_error naming
+  // kDefaultsEnv, the path and the fix.
+  static Defaults from_file(const std::string& path, const std::vector<std::string>& fwd_names,
+                            const std::vector<std::string>& bwd_names);
+  // The compiled-in data, read once (against this build's registry); the file that kDefaultsEnv
+  // names instead, where it is set: a GPU the repository's sweeps never measured gets a built-in
+  // choice from its own sweep without a rebuild, and a new sweep is checked before it is compiled in.
   static const Defaults& builtin();
   // The measurements of this GPU: the same name, else of the same compute capability the one whose
   // name shares the longest start with it; null: none.

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,6 +106,33 @@ TEST(LayerNormDefaults, MalformedDataIsAnError) {
       {"dtype": "float64", "pass": "fwd", "rows": 1, "cols": 1, "ranking": []}]}]})",
                                    kFwd, kBwd),
                std::runtime_error);
+}
+
+// HFNN_LAYER_NORM_DEFAULTS names a file read instead of the compiled-in data: it is read whole, and
+// a file that is missing or not such data is one error naming the variable, the path and the fix.
+TEST(LayerNormDefaults, FileInsteadOfTheCompiledInData) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "/hfnn_ln_defaults_good.json", bad = dir + "/hfnn_ln_defaults_bad.json";
+  {
+    std::ofstream(good) << kData;
+    std::ofstream(bad) << "{\"gpus\": [{\"name\": \"x\"}]}";
+  }
+  const auto d = ln::Defaults::from_file(good, kFwd, kBwd);
+  ASSERT_EQ(d.gpus().size(), 3u);
+  EXPECT_EQ(d.for_gpu("GPU One", "9.0")->nearest(DType::kFloat32, false, 900, 64)->ranking.front(), 1);  // fwd_b
+  for (const std::string& path : {bad, dir + "/hfnn_ln_defaults_missing.json"}) {
+    try {
+      ln::Defaults::from_file(path, kFwd, kBwd);
+      ADD_FAILURE() << path << " was taken";
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string(ln::kDefaultsEnv) + "=" + path + ": "), std::string::npos) << what;
+      EXPECT_NE(what.find("layer_norm_sweep.py --defaults"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
 }
 
 #if HFNN_WITH_CUDA

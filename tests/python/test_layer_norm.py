@@ -272,3 +272,45 @@ def test_gpu_unknown_or_unsupporting_variant_is_a_clear_error():
     assert refusing, "every forward variant takes 4 x 63 float32: pick another shape for this test"
     with pytest.raises(RuntimeError, match="does not support"):
         torch.ops.hfnn.layer_norm_fwd(x, [63], None, None, 1e-5, refusing[0])
+
+
+@requires_gpu
+def test_gpu_defaults_file_replaces_the_compiled_in_choice(tmp_path):
+    """HFNN_LAYER_NORM_DEFAULTS: the built-in choice is read from that file (a GPU the repository
+    never swept gets its own sweep's choice, a new sweep is checked before it is compiled in); a file
+    that is not such data is one clear error at the first call, not a silent fall-back."""
+    import json
+    import subprocess
+    import sys
+
+    name = torch.cuda.get_device_name()
+    cc = "{}.{}".format(*torch.cuda.get_device_capability())
+    x = torch.randn(1000, 1024, device="cuda")
+    # Two variants that take these rows, ranked first for this GPU (forward and backward): not what
+    # the compiled-in data ranks first at least once, so the test sees the file.
+    fwd = [v for v in hfnn.layer_norm_variants()["fwd"]
+           if torch.ops.hfnn.layer_norm_supports(x, [1024], None, None, v)]
+    bwd = [v for v in hfnn.layer_norm_variants()["bwd"]
+           if torch.ops.hfnn.layer_norm_supports(x, [1024], None, None, v)]
+    assert len(fwd) >= 2 and len(bwd) >= 2
+    builtin = (torch.ops.hfnn.layer_norm_default(x, [1024], None, None, False),
+               torch.ops.hfnn.layer_norm_default(x, [1024], None, None, True))
+    pick = (next(v for v in fwd if v != builtin[0]), next(v for v in bwd if v != builtin[1]))
+    data = {"gpus": [{"name": name, "compute_capability": cc, "points": [
+        {"dtype": "float32", "pass": p, "rows": 1000, "cols": 1024, "ranking": [v, "torch"]}
+        for p, v in zip(("fwd", "bwd"), pick)]}]}
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(data))
+    bad.write_text('{"gpus": [{"name": "x"}]}')
+    script = ("import torch, hfnn; x = torch.randn(1000, 1024, device='cuda');"
+              "print(torch.ops.hfnn.layer_norm_default(x, [1024], None, None, False),"
+              " torch.ops.hfnn.layer_norm_default(x, [1024], None, None, True))")
+    env = dict(__import__("os").environ)
+    env["HFNN_LAYER_NORM_DEFAULTS"] = str(good)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == list(pick)
+    env["HFNN_LAYER_NORM_DEFAULTS"] = str(bad)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert f"HFNN_LAYER_NORM_DEFAULTS={bad}: " in out.stderr and "layer_norm_sweep.py --defaults" in out.stderr
