@@ -3,6 +3,7 @@
 Nsight Compute (the core's kernels by name) or a quick look at CUDA-event times per core:
 
     python3 bench/mha_core_case.py --config 5000 64 512 8 --cores hfnn_short sdpa_efficient
+    python3 bench/mha_core_case.py --config 200 256 1024 16 --cores sdpa_cudnn --kernels   # where a call's GPU time goes
     ncu --kernel-name regex:short_ --launch-skip 4 --launch-count 2 python3 bench/mha_core_case.py --cores hfnn_short
 """
 import argparse
@@ -19,6 +20,8 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--cores", nargs="+", default=["hfnn_short"])
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each kernel's GPU time per call (torch.profiler over the timed calls), largest first")
     a = ap.parse_args()
     b, length, embed, heads = a.config
     dtype = getattr(torch, a.dtype)
@@ -39,6 +42,26 @@ def main():
         end.record()
         torch.cuda.synchronize()
         print(f"{core}: fwd+bwd {start.elapsed_time(end) / a.iters:.3f} ms a call")
+        if a.kernels:
+            kernel_table(call, a.iters)
+
+
+def kernel_table(call, iters):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            call()
+        torch.cuda.synchronize()
+    total = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t, n = total.get(e.name, (0.0, 0))
+            total[e.name] = (t + e.device_time, n + 1)
+    gpu = sum(t for t, _ in total.values()) / iters
+    print(f"  GPU busy {gpu / 1e3:.3f} ms a call; kernels, us a call (launches a call):")
+    for name, (t, n) in sorted(total.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {t / iters:9.1f} ({n / iters:g}) {name[:150]}")
 
 
 if __name__ == "__main__":

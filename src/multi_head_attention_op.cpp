@@ -605,10 +605,27 @@ std::optional<Mat> token_matrix(const at::Tensor& t, bool batch_first) {
   return Mat{&t, 0, shape[0], shape[1], (*merged)[0], (*merged)[1]};
 }
 
+// The in-projection bias's key and value rows, from what the backward has without summing dK and
+// dV over the tokens (2/3 of the in-projection's bias-gradient reads: [200, 256, 1024, 16] reads
+// 315 MB of dQKV in bf16 for it). softmax's rows sum to 1, so with S = scale Q K^T and P = softmax(S):
+//   sum_t dK_t = scale sum_s Q_s sum_t dS_st = 0, as sum_t dS_st = sum_t P_st (dP_st - sum_u P_su dP_su) = 0
+//   (dropout or not: the softmax's backward sees P before dropout);
+//   sum_t dV_t = sum_s dO_s sum_t P_st = sum_s dO_s = W_out^T db_out (dO = dY W_out, db_out = sum_s dY_s),
+//   where the core applies no dropout (P_drop's rows do not sum to 1).
+// Exact wherever every query row attends a key: without a mask (a causal row attends its first key).
+// The sums the GEMV would make differ from these only by their rounding: the float64 gate sees
+// this error at most (the key rows are exactly the 0 that float64's sum comes near).
+struct KnownBiasGrads {
+  bool key_zero = false;           // the key rows are 0
+  const at::Tensor* value = nullptr;  // the value rows are W_out^T (this [E] db_out); null: summed
+  const at::Tensor* out_w = nullptr;
+};
+
 // One input projection's backward, from the core's gradients of its parts: rows of dW and db, and
 // the input's gradient (added into dx where it is defined already).
 void project_backward(Gemms& gemm, const Group& g, const std::vector<at::Tensor>& parts, bool batch_first,
-                      const at::Tensor& x, const at::Tensor& w, at::Tensor* dx, at::Tensor* dw, at::Tensor* db) {
+                      const at::Tensor& x, const at::Tensor& w, at::Tensor* dx, at::Tensor* dw, at::Tensor* db,
+                      const KnownBiasGrads& known = {}) {
   const int64_t embed = w.size(1), rows = g.parts * embed;
   std::vector<Mat> m;
   for (const at::Tensor& t : parts) {
@@ -642,7 +659,20 @@ void project_backward(Gemms& gemm, const Group& g, const std::vector<at::Tensor>
   for (std::size_t i = 0; i < m.size(); ++i) {
     const int64_t r0 = g.row0 + static_cast<int64_t>(i) * step;
     if (dw) gemm(matrix(*dw).rows_at(r0, step), m[i], true, x2, false);
-    if (db) gemm.bias_grad(column_of(*db).rows_at(r0, step), m[i]);
+    if (db && !known.key_zero && !known.value) {
+      gemm.bias_grad(column_of(*db).rows_at(r0, step), m[i]);
+    } else if (db) {  // part by part: 0 = query, 1 = key, 2 = value rows of the bias
+      for (int64_t j = 0; j < step; j += embed) {
+        const int64_t row = r0 + j;
+        const Mat rows_db = column_of(*db).rows_at(row, embed);
+        if (row / embed == 1 && known.key_zero)
+          db->narrow(0, row, embed).zero_();
+        else if (row / embed == 2 && known.value)
+          gemm(rows_db, matrix(*known.out_w), true, column_of(*known.value), false);
+        else
+          gemm.bias_grad(rows_db, m[i].cols_at(j, embed));
+      }
+    }
     if (dx) {
       // Allocated in the input's shape (contiguous, so its [N, E] matrix is itself).
       const bool first = !dx->defined();
@@ -757,6 +787,11 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
 
     at::Tensor dw = need(3) ? at::empty_like(in_w) : at::Tensor();
     at::Tensor db = need(4) ? at::empty({in_w.size(0)}, in_w.options()) : at::Tensor();
+    KnownBiasGrads known;
+    if (!c.bias.defined()) {  // no mask: every query row attends a key
+      known.key_zero = true;
+      if (dropout == 0.0 && out[6].defined()) known.value = &out[6], known.out_w = &out_w;
+    }
     std::size_t part = 0;
     for (const Group& g : groups_of(s[0], s[1], s[2], embed)) {
       const std::vector<at::Tensor> parts(d.begin() + static_cast<std::ptrdiff_t>(part),
@@ -764,7 +799,7 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
       part += static_cast<std::size_t>(g.parts);
       at::Tensor dx;
       project_backward(gemm, g, parts, batch_first, *in[g.input], in_w, need(g.input) ? &dx : nullptr,
-                       dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr);
+                       dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, known);
       if (dx.defined()) out[g.input] = std::move(dx);
     }
     out[3] = dw, out[4] = db;

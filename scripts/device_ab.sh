@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A same-machine A/B of any benchmark command, on the GPU machine after scripts/device_run.sh has
+# installed this tree's wheel: the command runs with the baseline's op library
+# (.devbuild/base_libhfnn_ops.so.gz, from scripts/device_wheel.sh --baseline) swapped into the
+# installed package, then with this build's, then with the baseline's again (drift shows as the
+# two baseline runs disagreeing). $AB_OUT names each run's folder for the command: $OUT/base1,
+# $OUT/new, $OUT/base2. device_run.sh's `ab` stage does the same for the LayerNorm sweep alone.
+#   AB_TIMEOUT=150 bash scripts/device_ab.sh 'python3 bench/mha.py --configs 0 --out $AB_OUT/mha.json'
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hfnn-out}
+cmd=${1:?usage: scripts/device_ab.sh COMMAND (with \$AB_OUT for its output folder)}
+so=$(python3 -c "import hfnn, os; print(os.path.join(os.path.dirname(hfnn.__file__), 'libhfnn_ops.so'))") || exit 1
+[ -f .devbuild/base_libhfnn_ops.so.gz ] || { echo "device_ab: no .devbuild/base_libhfnn_ops.so.gz (scripts/device_wheel.sh --baseline)"; exit 1; }
+mine=$(mktemp)
+cp "$so" "$mine" || exit 1
+status=0
+for run in base1 new base2; do
+  if [ "$run" = new ]; then cp "$mine" "$so"; else gunzip -c .devbuild/base_libhfnn_ops.so.gz > "$so"; fi || { echo "device_ab: could not put the $run library in place"; status=1; break; }
+  export AB_OUT=$OUT/$run
+  mkdir -p "$AB_OUT"
+  echo "== device_ab: $run"
+  timeout "${AB_TIMEOUT:-200}" bash -c "$cmd" > "$AB_OUT/log.txt" 2>&1 || { echo "device_ab: $run exited $?"; status=1; }
+  tail -n "${AB_TAIL:-15}" "$AB_OUT/log.txt"
+done
+cp "$mine" "$so" && rm -f "$mine" || { echo "device_ab: this build's library left at $mine"; status=1; }
+exit $status
