@@ -924,8 +924,9 @@ def test_gpu_measure_times_torch_and_every_variant_and_rejects_the_planted_one()
 
 def test_the_builtin_choice_follows_the_measurements(monkeypatch, standin, counts):
     """Without a table: the crossover grid's choice (python/hfnn/_lstm_builtin.py, generated from
-    bench/lstm.py --grid) at its points, the nearest point's (in log2 of hidden and of batch) between
-    them, cuDNN beyond it and in a dtype it did not time; fp16 takes bf16's map."""
+    bench/lstm.py --grid) at its points, the nearest point's of the same class (hidden a multiple of
+    4, or not) in log2 of hidden and of batch between them, cuDNN beyond it and in a dtype it did not
+    time; fp16 takes bf16's map."""
     from hfnn import _lstm_builtin as grid
 
     order = _REAL_BUILTIN_ORDER  # the stand-in fixture lets every variant run
@@ -939,17 +940,25 @@ def test_the_builtin_choice_follows_the_measurements(monkeypatch, standin, count
                 assert set(want) <= names, (hidden, batch, want)
                 assert order(batch, hidden, dtype) == want, (dtype_name, hidden, batch)
     f32, b16 = grid.ORDERS["float32"], grid.ORDERS["bfloat16"]
-    # between points: hidden 985 -> 1,024, 700 -> 512 (log2 distance 0.45 against 0.55); batch 3 -> 4, 40 -> 32
-    assert order(4, 985, torch.float32) == f32[1024][4] and order(3, 985, torch.bfloat16) == b16[1024][4]
+    # between points: hidden 700 -> 512 (log2 distance 0.45 against 0.55); batch 3 -> 4, 40 -> 32
     assert order(8, 700, torch.float32) == f32[512][8] and order(40, 128, torch.bfloat16) == b16[128][32]
-    assert order(4, 985, torch.float16) == b16[1024][4]
+    # the class: rows not a multiple of 4 take the points measured so (985 -> 1,023; 126 -> 127), the
+    # others those that are (1,020 -> 1,024), however near a point of the other class is
+    assert {h % 4 == 0 for h in f32} == {h % 4 == 0 for h in b16} == {True, False}
+    assert order(4, 985, torch.float32) == f32[1023][4] and order(3, 985, torch.bfloat16) == b16[1023][4]
+    assert order(4, 985, torch.float16) == b16[1023][4]
+    assert order(256, 126, torch.bfloat16) == b16[127][256] and order(256, 1020, torch.float32) == f32[1024][256]
+    assert b16[127][256] != b16[128][256]  # where the classes differ (bf16, batch 256: cuDNN against persistent)
+    assert order(256, 127, torch.bfloat16) == b16[127][256] and order(256, 128, torch.bfloat16) == b16[128][256]
     # the seed's shape is a measured win in both dtypes (bench/results/lstm_grid-h100.json)
     assert order(4, 985, torch.float32)[0] == order(4, 985, torch.bfloat16)[0] == "persistent"
     # beyond the grid by more than half a step, and a dtype it did not time: cuDNN
     assert order(4, 64, torch.float32) == order(4, 8192, torch.bfloat16) == order(512, 512, torch.bfloat16) == ()
     assert order(4, 512, torch.float64) == ()
-    assert order(4, 90, torch.float32) == () and order(4, 91, torch.float32) == f32[128][4]
-    assert order(4, 5792, torch.float32) == f32[4096][4] and order(4, 5793, torch.float32) == ()
+    assert order(4, 88, torch.float32) == () and order(4, 92, torch.float32) == f32[128][4]
+    assert order(4, 5792, torch.float32) == f32[4096][4] and order(4, 5796, torch.float32) == ()
+    assert order(4, 89, torch.float32) == () and order(4, 90, torch.float32) == f32[127][4]  # 127 / sqrt(2) = 89.8
+    assert order(4, 5791, torch.float32) == f32[4095][4] and order(4, 5793, torch.float32) == ()
     assert order(362, 512, torch.bfloat16) == b16[512][256] and order(363, 512, torch.bfloat16) == ()
     # A small module on the stand-in ops, its built-in choice cuDNN: torch's path, counted so.
     ref, ours = pair(8, 16)
