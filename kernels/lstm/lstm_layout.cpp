@@ -37,8 +37,8 @@ FwdLayout fwd_layout(const Shape& s) {
   std::size_t at = 0;
   l.gates = at, at = round_up(at + count(T, B, 4 * H) * sizeof(float));
   l.cs = at, at = round_up(at + count(T, B, H) * sizeof(float));
-  l.hs = at, at = round_up(at + count(T + 1, B, H) * sizeof(float));
-  if (s.dtype == DType::kFloat32) {
+  l.hs = at, at = round_up(at + count(T + 1, B, history_ld(H)) * sizeof(float));
+  if (s.dtype == DType::kFloat32 && history_ld(H) == H) {
     l.hd = l.hs;
   } else {
     l.hd = at, at = round_up(at + count(T + 1, B, H) * dtype_size(s.dtype));

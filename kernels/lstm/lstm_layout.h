@@ -11,9 +11,11 @@ namespace hfnn::kernels::lstm::detail {
 //   gates  float [T, B, 4H]: the input projection x W_ih^T, overwritten step by step (same
 //          elements, same thread) by the gates after their activations
 //   cs     float [T, B, H]: c_t
-//   hs     float [T+1, B, H]: the h history in float32 (the persistent forward's recurrence reads it)
-//   hd     dtype [T+1, B, H]: the same history in the dtype, for the backward's GEMMs (for float32 it
-//          is hs itself)
+//   hs     float [T+1, B, Hp]: the h history in float32 (the persistent forward's recurrence reads
+//          it), rows padded to Hp = H rounded up to 4 (history_ld) with zeros, so a row is whole
+//          16-byte groups from a 16-byte boundary (the forward's stage copies them by cp.async)
+//   hd     dtype [T+1, B, H]: the same history in the dtype, for the backward's GEMMs (for float32
+//          with H a multiple of 4 it is hs itself)
 // History slots: time t reads slot read_slot(t) and writes write_slot(t); the first step reads the
 // initial slot (h0 or zeros). Forward: t reads slot t, writes t+1. Reverse: t reads t+1, writes t.
 // So the h that time t read is row t of hd (forward) or row t+1 (reverse): in either direction
@@ -39,6 +41,8 @@ struct BwdLayout {
 };
 constexpr int kFlagWords = 32;  // 4-byte words from one block's readiness word to the next
 FwdLayout fwd_layout(const Shape& s);
+// hs's row length: H rounded up to a multiple of 4.
+constexpr int64_t history_ld(int64_t hidden) { return (hidden + 3) / 4 * 4; }
 BwdLayout bwd_layout(const Shape& s);
 
 // Sizes a kernel may index with int (blocks' loops) and the GEMMs take.

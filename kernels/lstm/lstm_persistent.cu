@@ -36,9 +36,10 @@
 // single-copy atomic); by coherence it cannot return a value the memset overwrote. Nothing but the
 // value itself is communicated, so no release/acquire pattern is needed: a ready step costs one L2
 // round trip (before: store, release, poll flags, fence, load). Every step writes slots of its own
-// (hs [T+1, B, H]; the backward's dG [T, B, 4H] too), so nothing a slow consumer has still to read
-// is overwritten. The non-fused forward's stage (stage_polling<true>, rows a multiple of 4) reads by
-// cp.async.cg instead: a weak 16-byte read racing with the 4-byte strong stores, a mixed-size race
+// (hs [T+1, B, Hp]; the backward's dG [T, B, 4H] too), so nothing a slow consumer has still to read
+// is overwritten. The non-fused forward's stage (stage_polling<true>; hs's rows are padded to a
+// multiple of 4 with zeros, lstm_layout.h) reads by cp.async.cg instead: a weak 16-byte read racing
+// with the 4-byte strong stores, a mixed-size race
 // the PTX model leaves undefined, so what follows rests on the hardware, not on the model. The read
 // is served at L2 (the point of coherence for every SM; .cg never allocates in L1), and each aligned
 // 4 bytes of it are the mark or the one value written (tests/python/test_lstm.py's dense sweep and
@@ -470,7 +471,8 @@ __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float
                                               int kp) {
   const int n = nb * kp;
   const float* base = src + static_cast<int64_t>(b0) * len;
-  // kCopy, rows of a multiple of 4 (no padding) from a 16-byte aligned source: every 16 bytes of
+  // kCopy, rows of a multiple of 4 (hs's, padded with zeros since 2026-11-26: (985, 32) float32
+  // 30.1 -> 20.1 us a forward step, H100) from a 16-byte aligned source: every 16 bytes of
   // the stage in flight at once by cp.async (at L2, as __ldcg: no stale L1 line), straight into
   // shared memory, then each thread looks at what it copied and copies again only the 16 bytes that
   // still hold an empty mark, all of them in flight again. A value is one 4-byte store, so 16 bytes
@@ -601,8 +603,8 @@ struct FwdArgs {
   Geometry geo;
   const T *w_hh, *b_ih, *b_hh, *h0, *c0;
   T *y, *h_n, *c_n;
-  float *gates, *cs, *hs;
-  T* hd;  // null for float32 (hs is the dtype's history)
+  float *gates, *cs, *hs;  // hs [T+1, B, history_ld(H)], the pads zero (lstm_layout.h)
+  T* hd;  // null where hs is the dtype's history (float32, H a multiple of 4)
 };
 
 // Whether a launch keeps its recurrence on chip (header comment): one block, one stage a step.
@@ -619,6 +621,8 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
   const int H = a.hidden, B = a.batch, tid = threadIdx.x;
   const int unit0 = static_cast<int>(blockIdx.x) * u;
   const int64_t BH = static_cast<int64_t>(B) * H, G = 4 * static_cast<int64_t>(H);
+  // hs's rows (kp: H rounded up to 4), and a history slot of them.
+  const int64_t BHp = static_cast<int64_t>(B) * kp;
   T* w = reinterpret_cast<T*>(smem);
   float* v = reinterpret_cast<float*>(smem + geo.off_v);
   float* acc = reinterpret_cast<float*>(smem + geo.off_acc);
@@ -644,16 +648,27 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     bias[r] = unit < H ? load_or_zero(a.b_ih, gate * H + unit) + load_or_zero(a.b_hh, gate * H + unit) : 0.0f;
   }
   const int64_t first = initial_slot(a.steps, a.reverse);
+  // A history value: into hs (one store the other blocks wait for, or a plain one on chip), with
+  // the row's pads (zeros) beside the row's last unit, which their stage waits for too.
+  auto put_history = [&](int64_t slot, int b, int unit, float h) {
+    float* row = a.hs + slot * BHp + static_cast<int64_t>(b) * kp;
+    if (chip) {
+      row[unit] = h;
+      if (unit == H - 1)
+        for (int k = H; k < kp; ++k) row[k] = 0.0f;
+    } else {
+      store_exchange(row + unit, h);
+      if (unit == H - 1)
+        for (int k = H; k < kp; ++k) store_exchange(row + k, 0.0f);
+    }
+  };
   for (int idx = tid; idx < B * u; idx += kThreads) {
     const int b = idx / u, unit = unit0 + idx - b * u;
     if (unit >= H) continue;
     const int64_t e = static_cast<int64_t>(b) * H + unit;
     const float h0 = load_or_zero(a.h0, e);
     c_state[idx] = load_or_zero(a.c0, e);
-    if (chip)
-      a.hs[first * BH + e] = h0;
-    else
-      store_exchange(a.hs + first * BH + e, h0);  // the other blocks' first stage waits for it
+    put_history(first, b, unit, h0);  // the other blocks' first stage waits for it
     if (a.hd) a.hd[first * BH + e] = a.h0 ? a.h0[e] : from_float<T>(0.0f);
   }
   if (chip)  // h0 into the staging buffer, zeros past H (never written again)
@@ -685,12 +700,8 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
   // for it; on chip into the staging buffer as well), then what nothing in this launch reads back:
   // the gates at g (over the projection), c_t, y, the dtype's history and, at the last step, h_n, c_n.
   auto put_cell = [&](const Cell& c, int b, int unit, int64_t e, float* g, int64_t t, int64_t out_slot, bool last) {
-    if (chip) {
-      v[b * kp + unit] = c.h;
-      a.hs[out_slot * BH + e] = c.h;
-    } else {
-      store_exchange(a.hs + out_slot * BH + e, c.h);
-    }
+    if (chip) v[b * kp + unit] = c.h;
+    put_history(out_slot, b, unit, c.h);
     g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
     const T h = from_float<T>(c.h);
     a.cs[t * BH + e] = c.c;
@@ -721,7 +732,7 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     for (int64_t s = 0; s < a.steps; ++s) {
       const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
       float* const vs = v + (s & 1) * vstride;
-      stage_polling<false>(vs, a.hs + read_slot(t, a.reverse) * BH, 0, B, H, kp);
+      stage_polling<false>(vs, a.hs + read_slot(t, a.reverse) * BHp, 0, B, kp, kp);
       __syncthreads();  // vs filled; every warp past its products of step s - 1 (the other buffer)
       HFNN_PHASE(0)
       if (at.team < geo.teams) {
@@ -745,13 +756,13 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     HFNN_PHASES_BEGIN
     for (int64_t s = 0; s < a.steps; ++s) {
       const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
-      const float* h_prev = a.hs + read_slot(t, a.reverse) * BH;
+      const float* h_prev = a.hs + read_slot(t, a.reverse) * BHp;
       for (int b0 = 0; b0 < B; b0 += bs) {
         const int nb = min(bs, B - b0);
         if (!chip) {
           // (v's last readers, the products of the chunk before, finished before the barrier after
           // them; acc's, the gate phase before, finish before the barrier below.)
-          stage_polling<true>(v, h_prev, b0, nb, H, kp);  // waits for every block's h_{t-1} of the chunk
+          stage_polling<true>(v, h_prev, b0, nb, kp, kp);  // waits for every block's h_{t-1} of the chunk
           __syncthreads();                          // v filled by every thread before any warp's products
         }
         HFNN_PHASE(0)
@@ -835,6 +846,8 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_bwd_kerne
   const int H = a.hidden, B = a.batch, tid = threadIdx.x;
   const int unit0 = static_cast<int>(blockIdx.x) * u;
   const int64_t BH = static_cast<int64_t>(B) * H, G = 4 * static_cast<int64_t>(H);
+  // hs's rows (kp: H rounded up to 4), and a history slot of them.
+  const int64_t BHp = static_cast<int64_t>(B) * kp;
   T* w = reinterpret_cast<T*>(smem);
   float* v = reinterpret_cast<float*>(smem + geo.off_v);
   float* acc = reinterpret_cast<float*>(smem + geo.off_acc);
@@ -1182,8 +1195,9 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     a.w_hh = static_cast<const T*>(p.w_hh), a.b_ih = static_cast<const T*>(p.b_ih);
     a.b_hh = static_cast<const T*>(p.b_hh), a.h0 = static_cast<const T*>(p.h0), a.c0 = static_cast<const T*>(p.c0);
     a.y = static_cast<T*>(p.y), a.h_n = static_cast<T*>(p.h_n), a.c_n = static_cast<T*>(p.c_n);
-    a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs, a.hd = s.dtype == DType::kFloat32 ? nullptr : ws.hd;
-    if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch * s.hidden, stream);
+    a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs;
+    a.hd = reinterpret_cast<void*>(ws.hd) == reinterpret_cast<void*>(ws.hs) ? nullptr : ws.hd;
+    if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch * history_ld(s.hidden), stream);
         e != cudaSuccess)
       return e;
     return with_kernel<false, T>(geo->reg, tile_batch(s.batch), geo->fuse != 0,

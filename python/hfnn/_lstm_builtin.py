@@ -15,13 +15,13 @@ STEPS = [100]
 MARGIN = 1.1
 ORDERS = {
     'bfloat16': {
-        127: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent',), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ()},
+        127: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent',), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('steps', 'persistent')},
         128: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('persistent', 'steps')},
-        255: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('steps',)},
+        255: {1: ('persistent',), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ()},
         256: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('steps',)},
         511: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('steps',), 256: ()},
         512: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('steps',), 256: ('steps',)},
-        1023: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('steps', 'persistent'), 64: ('steps',), 128: ('steps',), 256: ()},
+        1023: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('steps',), 128: ('steps',), 256: ()},
         1024: {1: ('persistent', 'steps'), 2: ('persistent',), 4: ('persistent',), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('steps',), 128: ('steps',), 256: ()},
         2047: {1: (), 2: ('steps',), 4: ('steps',), 8: ('steps',), 16: ('steps',), 32: ('steps',), 64: ('steps',), 128: (), 256: ()},
         2048: {1: ('steps',), 2: ('steps',), 4: ('steps',), 8: ('steps',), 16: ('steps',), 32: ('steps',), 64: ('steps',), 128: (), 256: ()},
@@ -29,13 +29,13 @@ ORDERS = {
         4096: {1: ('steps',), 2: ('steps',), 4: ('steps',), 8: ('steps',), 16: (), 32: (), 64: (), 128: (), 256: ()},
     },
     'float32': {
-        127: {1: ('persistent',), 2: ('persistent',), 4: (), 8: ('persistent',), 16: ('persistent',), 32: ('persistent',), 64: (), 128: (), 256: ()},
+        127: {1: ('persistent',), 2: ('persistent',), 4: ('persistent',), 8: ('persistent',), 16: ('persistent',), 32: ('persistent',), 64: (), 128: (), 256: ()},
         128: {1: (), 2: ('persistent',), 4: ('persistent',), 8: ('persistent',), 16: ('persistent',), 32: ('persistent',), 64: (), 128: (), 256: ()},
-        255: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent',), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('steps',)},
+        255: {1: ('persistent', 'steps'), 2: ('persistent',), 4: ('persistent',), 8: ('persistent', 'steps'), 16: ('persistent',), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('steps',)},
         256: {1: ('persistent', 'steps'), 2: ('persistent',), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('persistent', 'steps'), 256: ('steps',)},
         511: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('steps',), 256: ('steps',)},
         512: {1: ('persistent', 'steps'), 2: ('persistent',), 4: ('persistent',), 8: ('persistent',), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('persistent', 'steps'), 128: ('steps',), 256: ('steps',)},
-        1023: {1: ('persistent', 'steps'), 2: ('persistent',), 4: ('persistent', 'steps'), 8: ('persistent',), 16: ('persistent', 'steps'), 32: ('steps',), 64: ('steps',), 128: ('steps',), 256: ()},
+        1023: {1: ('persistent', 'steps'), 2: ('persistent',), 4: ('persistent', 'steps'), 8: ('persistent', 'steps'), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('steps',), 128: ('steps',), 256: ()},
         1024: {1: ('persistent', 'steps'), 2: ('persistent', 'steps'), 4: ('persistent', 'steps'), 8: ('persistent',), 16: ('persistent', 'steps'), 32: ('persistent', 'steps'), 64: ('steps',), 128: ('steps',), 256: ('steps',)},
         2047: {1: ('steps',), 2: ('steps',), 4: ('steps',), 8: ('steps',), 16: ('steps',), 32: ('steps',), 64: ('steps',), 128: (), 256: ()},
         2048: {1: (), 2: ('steps',), 4: ('steps',), 8: ('steps',), 16: ('steps',), 32: ('steps',), 64: ('steps',), 128: ('steps',), 256: ()},

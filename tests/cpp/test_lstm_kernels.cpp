@@ -19,6 +19,7 @@
 
 #include "kernels/lstm/lstm.h"
 #include "kernels/lstm/lstm_family.h"
+#include "kernels/lstm/lstm_layout.h"
 #include "kernels/lstm/lstm_reference.h"
 
 namespace hfnn::kernels::lstm {
@@ -28,10 +29,20 @@ TEST(LstmKernelsCpu, WorkspaceSizesCoverEveryBuffer) {
   Shape s;
   s.steps = 3, s.batch = 2, s.input = 5, s.hidden = 7;
   const std::size_t T = 3, B = 2, H = 7;
-  // gates [T, B, 4H], c [T, B, H], the h history [T+1, B, H] in float32 (and the dtype for 16-bit).
-  EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * H) * 4);
+  // gates [T, B, 4H], c [T, B, H], the h history [T+1, B, Hp] in float32 (rows padded to Hp = 8, a
+  // multiple of 4) and [T+1, B, H] in the dtype (float32 too where H is not a multiple of 4).
+  const std::size_t Hp = 8;
+  EXPECT_EQ(detail::history_ld(7), 8);
+  EXPECT_EQ(detail::history_ld(8), 8);
+  EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * Hp + (T + 1) * B * H) * 4);
   s.dtype = DType::kBFloat16;
-  EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * H) * 4 + (T + 1) * B * H * 2);
+  EXPECT_GE(fwd_workspace_bytes(s), (T * B * 4 * H + T * B * H + (T + 1) * B * Hp) * 4 + (T + 1) * B * H * 2);
+  s.hidden = 8;  // float32, a multiple of 4: one history, no pads
+  s.dtype = DType::kFloat32;
+  EXPECT_EQ(detail::fwd_layout(s).hd, detail::fwd_layout(s).hs);
+  s.hidden = 7;
+  EXPECT_NE(detail::fwd_layout(s).hd, detail::fwd_layout(s).hs);
+  s.dtype = DType::kBFloat16;
   // dG [T, B, 4H] in float32 (and the dtype), dh and dc [B, H], db's partial sums, and the
   // persistent backward's readiness words: one 128-byte line for each of up to H blocks.
   EXPECT_GE(bwd_scratch_bytes(s), T * B * 4 * H * 6 + 2 * B * H * 4 + 4 * H * 4 + H * 128);
