@@ -12,8 +12,9 @@ namespace hfnn::kernels::lstm::detail {
 //          elements, same thread) by the gates after their activations
 //   cs     float [T, B, H]: c_t
 //   hs     float [T+1, B, Hp]: the h history in float32 (the persistent forward's recurrence reads
-//          it), rows padded to Hp = H rounded up to 4 (history_ld) with zeros, so a row is whole
-//          16-byte groups from a 16-byte boundary (the forward's stage copies them by cp.async)
+//          it), rows padded to Hp = H rounded up to 4 (history_ld) with zeros (memset before the
+//          launch), so a row is whole 16-byte groups from a 16-byte boundary (the forward's stage
+//          copies them by cp.async)
 //   hd     dtype [T+1, B, H]: the same history in the dtype, for the backward's GEMMs (for float32
 //          with H a multiple of 4 it is hs itself)
 // History slots: time t reads slot read_slot(t) and writes write_slot(t); the first step reads the

@@ -472,7 +472,7 @@ __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float
   const int n = nb * kp;
   const float* base = src + static_cast<int64_t>(b0) * len;
   // kCopy, rows of a multiple of 4 (hs's, padded with zeros since 2026-11-26: (985, 32) float32
-  // 30.1 -> 20.1 us a forward step, H100) from a 16-byte aligned source: every 16 bytes of
+  // 30.0 -> 19.8 us a forward step, H100) from a 16-byte aligned source: every 16 bytes of
   // the stage in flight at once by cp.async (at L2, as __ldcg: no stale L1 line), straight into
   // shared memory, then each thread looks at what it copied and copies again only the 16 bytes that
   // still hold an empty mark, all of them in flight again. A value is one 4-byte store, so 16 bytes
@@ -648,19 +648,14 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     bias[r] = unit < H ? load_or_zero(a.b_ih, gate * H + unit) + load_or_zero(a.b_hh, gate * H + unit) : 0.0f;
   }
   const int64_t first = initial_slot(a.steps, a.reverse);
-  // A history value: into hs (one store the other blocks wait for, or a plain one on chip), with
-  // the row's pads (zeros) beside the row's last unit, which their stage waits for too.
+  // A history value into hs: one store the other blocks wait for, or a plain one on chip. (The
+  // rows' pads are zeros from before the launch: mark_empty.)
   auto put_history = [&](int64_t slot, int b, int unit, float h) {
-    float* row = a.hs + slot * BHp + static_cast<int64_t>(b) * kp;
-    if (chip) {
-      row[unit] = h;
-      if (unit == H - 1)
-        for (int k = H; k < kp; ++k) row[k] = 0.0f;
-    } else {
-      store_exchange(row + unit, h);
-      if (unit == H - 1)
-        for (int k = H; k < kp; ++k) store_exchange(row + k, 0.0f);
-    }
+    float* p = a.hs + slot * BHp + static_cast<int64_t>(b) * kp + unit;
+    if (chip)
+      *p = h;
+    else
+      store_exchange(p, h);
   };
   for (int idx = tid; idx < B * u; idx += kThreads) {
     const int b = idx / u, unit = unit0 + idx - b * u;
@@ -1134,9 +1129,18 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
 
 // Sets the `count` floats at p to the empty mark on the stream (header comment), unless the launch
 // keeps its recurrence on chip and reads none of them back.
-cudaError_t mark_empty(const Geometry& g, int64_t batch, float* p, int64_t count, cudaStream_t stream) {
+// hs [rows, ld] (rows = (T+1) B, ld = history_ld(hidden)) empty before a launch that exchanges
+// through it, but the pads past `hidden` in each row: zeros, which the stage copies with the row
+// (two memset nodes in a captured graph; the second only where hidden is not a multiple of 4).
+cudaError_t mark_empty(const Geometry& g, int64_t batch, float* p, int64_t rows, int64_t hidden, int64_t ld,
+                       cudaStream_t stream) {
   if (on_chip(g.grid, g.bs, batch)) return cudaSuccess;
-  return cudaMemsetAsync(p, kEmptyByte, static_cast<std::size_t>(count) * sizeof(float), stream);
+  const std::size_t f = sizeof(float);
+  if (const cudaError_t e = cudaMemsetAsync(p, kEmptyByte, static_cast<std::size_t>(rows * ld) * f, stream);
+      e != cudaSuccess || ld == hidden)
+    return e;
+  return cudaMemset2DAsync(p + hidden, static_cast<std::size_t>(ld) * f, 0, static_cast<std::size_t>(ld - hidden) * f,
+                           static_cast<std::size_t>(rows), stream);
 }
 
 // A cooperative launch (every block resident: a block waiting on another's values never waits on
@@ -1197,7 +1201,8 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     a.y = static_cast<T*>(p.y), a.h_n = static_cast<T*>(p.h_n), a.c_n = static_cast<T*>(p.c_n);
     a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs;
     a.hd = reinterpret_cast<void*>(ws.hd) == reinterpret_cast<void*>(ws.hs) ? nullptr : ws.hd;
-    if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch * history_ld(s.hidden), stream);
+    if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch, s.hidden,
+                                         history_ld(s.hidden), stream);
         e != cudaSuccess)
       return e;
     return with_kernel<false, T>(geo->reg, tile_batch(s.batch), geo->fuse != 0,
