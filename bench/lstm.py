@@ -402,8 +402,8 @@ def parse_args(argv=None):
     ap.add_argument("--grid", action="store_true", help="time the crossover map (hidden x batch) instead of the configs")
     ap.add_argument("--grid-steps", type=int, default=100, help="sequence length of every grid point")
     ap.add_argument("--grid-hidden", type=int, nargs="+", metavar="H",
-                    help=f"the grid's hidden sizes (default {GRID_HIDDEN}; rows not a multiple of 4, e.g. 127 255 "
-                         "511 1023 2047 4095, take other kernel paths and are a class of their own in the built-in "
+                    help=f"the grid's hidden sizes (default {GRID_HIDDEN}; sizes not a multiple of 4, e.g. 127 255 "
+                         "511 1023 2047 4095, run on unaligned rows and are a class of their own in the built-in "
                          "choice)")
     ap.add_argument("--grid-batch", type=int, nargs="+", metavar="B", help=f"the grid's batch sizes (default {GRID_BATCH})")
     ap.add_argument("--plot", type=Path, help="write the crossover map as SVG here (with --grid or --plot-from)")
@@ -426,7 +426,16 @@ def main(argv=None) -> int:
     if args.plot_from:
         if not args.plot and not args.builtin_out:
             sys.exit("bench/lstm.py: --plot-from needs --plot PATH (the SVG) or --builtin-out PATH (the built-in choice)")
-        records = [r for path in args.plot_from for r in grid_records(path)]
+        records, seen = [], {}
+        for i, path in enumerate(args.plot_from):
+            for r in grid_records(path):
+                # A point timed in two files (or one file given twice) would be summed as one
+                # (grid_totals): refuse it.
+                key = (r["gpu"], r["dtype"], tuple(r["config"]), r.get("pass"), r["candidate"])
+                if seen.setdefault(key, i) != i:
+                    sys.exit(f"bench/lstm.py: --plot-from: {r['dtype']} {r['config']} {r['candidate']} is in both "
+                             f"{args.plot_from[seen[key]]} and {path}: give each grid point in one file")
+                records.append(r)
         gpu = records[0]["gpu"]
         # Both texts first, then each written whole (a temporary file renamed over it): a failure
         # leaves no half-written SVG or module (python/hfnn imports the module on an LSTM call).

@@ -87,9 +87,15 @@ def gap_table(call, iters, top=12):
         torch.cuda.synchronize()
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
-    gaps = [(b[0] - a[1], a[2], b[2]) for a, b in zip(spans, spans[1:]) if b[0] > a[1]]
-    busy = sum(e - s_ for s_, e, _ in spans)
-    wall = spans[-1][1] - spans[0][0]
+    # Idle: where no kernel runs (kernels of other streams may overlap: the latest end so far counts).
+    gaps, busy, end, last = [], 0.0, spans[0][0], spans[0][2]
+    for start, stop, name in spans:
+        if start > end:
+            gaps.append((start - end, last, name))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, last = stop, name
+    wall = end - spans[0][0]
     print(f"  GPU from first to last kernel {wall / iters / 1e3:.3f} ms a call, busy {busy / iters / 1e3:.3f}, "
           f"idle between kernels {sum(g for g, _, _ in gaps) / iters:.1f} us a call ({len(gaps) / iters:g} gaps); "
           f"the longest, us (after -> before):")

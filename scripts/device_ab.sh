@@ -14,14 +14,15 @@ so=$(python3 -c "import hfnn, os; print(os.path.join(os.path.dirname(hfnn.__file
 [ -f .devbuild/base_libhfnn_ops.so.gz ] || { echo "device_ab: no .devbuild/base_libhfnn_ops.so.gz (scripts/device_wheel.sh --baseline)"; exit 1; }
 mine=$(mktemp)
 cp "$so" "$mine" || exit 1
+# This build's library goes back however the script ends (a time limit, an interrupt).
+trap 'cp "$mine" "$so" && rm -f "$mine" || echo "device_ab: this build'"'"'s library left at $mine"' EXIT
 status=0
 for run in base1 new base2; do
   if [ "$run" = new ]; then cp "$mine" "$so"; else gunzip -c .devbuild/base_libhfnn_ops.so.gz > "$so"; fi || { echo "device_ab: could not put the $run library in place"; status=1; break; }
   export AB_OUT=$OUT/$run
   mkdir -p "$AB_OUT"
   echo "== device_ab: $run"
-  timeout "${AB_TIMEOUT:-200}" bash -c "$cmd" > "$AB_OUT/log.txt" 2>&1 || { echo "device_ab: $run exited $?"; status=1; }
+  timeout "${AB_TIMEOUT:-150}" bash -c "$cmd" > "$AB_OUT/log.txt" 2>&1 || { echo "device_ab: $run exited $?"; status=1; }
   tail -n "${AB_TAIL:-15}" "$AB_OUT/log.txt"
 done
-cp "$mine" "$so" && rm -f "$mine" || { echo "device_ab: this build's library left at $mine"; status=1; }
 exit $status

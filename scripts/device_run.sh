@@ -279,18 +279,21 @@ if want defaults-refresh; then
   # The built-in choice's data made again on the GPU and checked before it is compiled in: the sweep
   # files in $REFRESH_PARTS (this GPU's, from `sweep` earlier in this call or carried) merged into
   # this copy of bench/results/layer_norm_sweep-$gpu.json, the data written from every GPU's sweep
-  # as bench/README says, then default-check with it through HFNN_LAYER_NORM_DEFAULTS. Both files
-  # come back under $OUT; here `--defaults` of the same files must write the same bytes.
+  # as bench/README says, then default-check with it through HFNN_LAYER_NORM_DEFAULTS. Its files
+  # come back under $OUT with "refresh" in their names (the merged sweep, the data, the check); here
+  # `--defaults` of the same files must write the same bytes.
   sweep_file=bench/results/layer_norm_sweep-$gpu.json
-  if python3 bench/layer_norm_sweep.py --merge "$sweep_file" "$sweep_file" ${REFRESH_PARTS:-} \
-      && python3 bench/layer_norm_sweep.py --defaults "$OUT/layer_norm_defaults.json" bench/results/layer_norm_sweep-*.json; then
-    cp "$sweep_file" "$OUT/"
-    HFNN_LAYER_NORM_DEFAULTS=$OUT/layer_norm_defaults.json timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler \
-      bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-$gpu.json" --candidates torch default \
-      --widths ${DEFAULT_WIDTHS:-sweep between} 2>&1 | tee "$OUT/default-check.log" \
+  if [ ! -f "$sweep_file" ]; then
+    echo "defaults-refresh: no committed sweep for this GPU ($sweep_file): sweep it whole first (stage sweep)"; status=1
+  elif python3 bench/layer_norm_sweep.py --merge "$sweep_file" "$sweep_file" ${REFRESH_PARTS:-} \
+      && python3 bench/layer_norm_sweep.py --defaults "$OUT/layer_norm_defaults-refresh.json" bench/results/layer_norm_sweep-*.json; then
+    cp "$sweep_file" "$OUT/layer_norm_sweep-refresh-$gpu.json"
+    HFNN_LAYER_NORM_DEFAULTS=$OUT/layer_norm_defaults-refresh.json timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler \
+      bench/layer_norm_sweep.py --out "$OUT/layer_norm_default-refresh-$gpu.json" --candidates torch default \
+      --widths ${DEFAULT_WIDTHS:-sweep between} 2>&1 | tee "$OUT/default-check-refresh.log" \
       | grep -E "FAILED|wrote|^- |^  - |copy" | head -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   else
-    echo "defaults-refresh: merging $REFRESH_PARTS or writing the data failed"; status=1
+    echo "defaults-refresh: merging the parts (${REFRESH_PARTS:-none given}) into $sweep_file or writing the data failed"; status=1
   fi
 fi
 if want sweep-compile; then

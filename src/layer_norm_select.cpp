@@ -3,8 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -157,7 +159,7 @@ Defaults Defaults::from_file(const std::string& path, const std::vector<std::str
       "; point it at a file written by `bench/layer_norm_sweep.py --defaults OUT SWEEP...`, or unset it "
       "for the compiled-in data";
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(std::string(kDefaultsEnv) + "=" + path + ": cannot read it" + fix);
+  if (!in) throw std::runtime_error(std::string(kDefaultsEnv) + "=" + path + ": cannot read it (" + std::strerror(errno) + ")" + fix);
   std::ostringstream text;
   text << in.rdbuf();
   try {

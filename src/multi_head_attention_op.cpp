@@ -788,7 +788,9 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
     at::Tensor dw = need(3) ? at::empty_like(in_w) : at::Tensor();
     at::Tensor db = need(4) ? at::empty({in_w.size(0)}, in_w.options()) : at::Tensor();
     KnownBiasGrads known;
-    if (!c.bias.defined()) {  // no mask: every query row attends a key
+    // No mask: every query row attends a key (causal ones their first, top-left as torch's cores
+    // align it; a core aligned bottom-right would leave rows past the keys' count without one).
+    if (!c.bias.defined() && (!causal || q.size(2) <= k.size(2))) {
       known.key_zero = true;
       if (dropout == 0.0 && out[6].defined()) known.value = &out[6], known.out_w = &out_w;
     }

@@ -93,7 +93,8 @@ struct BwdParams {
 };
 
 // Bytes of the forward's workspace (float32 gates [T, B, 4H], c_t [T, B, H], the h history
-// [T+1, B, H] in float32 and, for 16-bit dtypes, in the dtype) and of the backward's scratch
+// [T+1, B, H rounded up to 4] in float32 and [T+1, B, H] in the dtype where that is another
+// buffer: 16-bit, or H not a multiple of 4; lstm_layout.h) and of the backward's scratch
 // (the gate gradients [T, B, 4H] in float32 and the dtype, the recurrent state, partial sums).
 // The same for every variant; 0 for an empty or invalid shape.
 std::size_t fwd_workspace_bytes(const Shape& s);

@@ -841,8 +841,6 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_bwd_kerne
   const int H = a.hidden, B = a.batch, tid = threadIdx.x;
   const int unit0 = static_cast<int>(blockIdx.x) * u;
   const int64_t BH = static_cast<int64_t>(B) * H, G = 4 * static_cast<int64_t>(H);
-  // hs's rows (kp: H rounded up to 4), and a history slot of them.
-  const int64_t BHp = static_cast<int64_t>(B) * kp;
   T* w = reinterpret_cast<T*>(smem);
   float* v = reinterpret_cast<float*>(smem + geo.off_v);
   float* acc = reinterpret_cast<float*>(smem + geo.off_acc);
@@ -1127,11 +1125,10 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   return found;
 }
 
-// Sets the `count` floats at p to the empty mark on the stream (header comment), unless the launch
-// keeps its recurrence on chip and reads none of them back.
-// hs [rows, ld] (rows = (T+1) B, ld = history_ld(hidden)) empty before a launch that exchanges
-// through it, but the pads past `hidden` in each row: zeros, which the stage copies with the row
-// (two memset nodes in a captured graph; the second only where hidden is not a multiple of 4).
+// Nothing where the launch keeps its recurrence on chip and reads none of hs back; else
+// hs [rows, ld] (rows = (T+1) B, ld = history_ld(hidden)) set to the empty mark on the stream
+// (header comment), but the pads past `hidden` in each row: zeros, which the stage copies with the
+// row (two memset nodes in a captured graph; the second only where hidden is not a multiple of 4).
 cudaError_t mark_empty(const Geometry& g, int64_t batch, float* p, int64_t rows, int64_t hidden, int64_t ld,
                        cudaStream_t stream) {
   if (on_chip(g.grid, g.bs, batch)) return cudaSuccess;
@@ -1190,6 +1187,8 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
   const Shape& s = p.shape;
   const auto geo = plan(false, s);
   if (!geo || !plan(true, s)) return cudaErrorInvalidConfiguration;
+  // The forward strides hs by its rows' padded length, the layout allocates history_ld's.
+  if (geo->kp != history_ld(s.hidden)) return cudaErrorInvalidConfiguration;
   if (const cudaError_t e = input_projection(p, stream); e != cudaSuccess) return e;
   return dispatch_dtype(s.dtype, [&]<typename T>() {
     const FwdBuffers<T> ws = fwd_buffers<T>(s, p.workspace);

@@ -116,7 +116,7 @@ cudaError_t steps_forward(const FwdParams& p, cudaStream_t stream) {
   return dispatch_dtype(s.dtype, [&]<typename T>() -> cudaError_t {
     const FwdBuffers<T> ws = fwd_buffers<T>(s, p.workspace);
     const int64_t T_ = s.steps, B = s.batch, H = s.hidden, BH = B * H, G = 4 * H;
-    T* hd = ws.hd;  // float32: the same memory as hs
+    T* hd = ws.hd;  // float32 with H a multiple of 4: the same memory as hs
     const int64_t first = initial_slot(T_, p.reverse);
     const std::size_t slot_bytes = static_cast<std::size_t>(BH) * sizeof(T);
     const cudaError_t init = p.h0 ? cudaMemcpyAsync(hd + first * BH, p.h0, slot_bytes, cudaMemcpyDeviceToDevice, stream)

@@ -728,6 +728,16 @@ def test_bench_help_teaches_and_the_map_plots(tmp_path):
                                   str(tmp_path / dest)], capture_output=True, text=True, timeout=60)
             assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr, (text, out.stderr)
             assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / dest).exists(), (text, out.stderr)
+    # Several files: one map; a point timed in two of them is refused (it would be summed as one).
+    (tmp_path / "more.json").write_text(json.dumps(more))
+    out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "grid.json"), str(tmp_path / "more.json"),
+                          "--builtin-out", str(tmp_path / "two.py")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "256: {8: ()}" in (tmp_path / "two.py").read_text()
+    out = subprocess.run([sys.executable, str(BENCH), "--plot-from", str(tmp_path / "grid.json"), str(tmp_path / "grid.json"),
+                          "--builtin-out", str(tmp_path / "dup.py")], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "in both" in out.stderr and not (tmp_path / "dup.py").exists(), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
     out = subprocess.run([sys.executable, str(BENCH), "--builtin-out", str(tmp_path / "b3.py")], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "--grid" in out.stderr and not (tmp_path / "b3.py").exists()
