@@ -11,7 +11,9 @@ the size (the issue's table), which is what a persistent kernel attacks.
 Candidates:
   cudnn       torch's nn.LSTM (cuDNN, as torch picks its algorithm)
   <variant>   hfnn's path with one variant for every layer, each variant hfnn::lstm_variants() lists
-              whose lstm_supports() takes the shape ("persistent", "steps")
+              whose lstm_supports() takes the shape ("persistent", "steps", "cudnn_persistent": cuDNN's
+              own persistent kernel through cuDNN's RNN API, every dtype, hidden up to 1,024 on an
+              H100)
   hfnn        what hfnn.nn.LSTM runs for the shape: under HFNN_DISPATCH_DB the tuned winner, else
               hfnn's built-in choice (the record's "winner" says which; "torch" where it fell back)
 Before timing, each candidate's output, h_n, c_n and every gradient are compared with torch's
@@ -47,7 +49,9 @@ Examples:
     python3 bench/lstm.py --grid --dtypes bfloat16 float32 --plot bench/results/lstm_crossover-h200.svg
     python3 bench/lstm.py --plot-from bench/results/lstm_grid-h200.json --plot /tmp/map.svg   # no GPU needed
     python3 bench/lstm.py --grid --grid-hidden 127 255 511 1023 2047 4095 --dtypes bfloat16 float32   # rows not x4
+    python3 bench/lstm.py --grid --dtypes float16 --out bench/results/lstm_grid_f16-h100.json   # fp16's own map
     python3 bench/lstm.py --plot-from bench/results/lstm_grid-h100.json bench/results/lstm_grid_rows_not_x4-h100.json \
+        bench/results/lstm_grid_f16-h100.json bench/results/lstm_grid_rows_not_x4_f16-h100.json \
         --builtin-out python/hfnn/_lstm_builtin.py
 """
 from __future__ import annotations

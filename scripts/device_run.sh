@@ -75,6 +75,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
 echo "host: $(nproc) CPUs, load average $(cut -d" " -f1-3 /proc/loadavg)" | tee -a "$OUT/env.txt"
 
+# cuDNN for the C++ test binary (the LSTM variant cudnn_persistent): the copy torch's wheels install,
+# the one torch itself loads (the op library finds it through torch).
+if cudnn_lib=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null); then
+  export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 installed_ok() { python3 -c "import hfnn, sys; sys.exit(0 if hfnn.build_info()['cuda_kernels'] else 1)" 2>/dev/null; }
 # scripts/device_wheel.sh gzips the test binaries (the carry's size limit)
 for gz in .devbuild/hfnn_kernel_tests*.gz; do

@@ -163,7 +163,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cuda(const Tensor& x, const Tenso
   const k::Variant& v = choose(op, std::string_view(variant.data(), variant.size()), shape);
   Tensor y = at::empty({n.T, n.B, n.H}, x.options());
   Tensor h_n = at::empty({n.B, n.H}, x.options()), c_n = at::empty({n.B, n.H}, x.options());
-  Tensor workspace = float_buffer(k::fwd_workspace_bytes(shape), x);
+  Tensor workspace = float_buffer(v.fwd_workspace_bytes(shape), x);
   Tensor lt;
   k::FwdParams p;
   p.shape = shape;
@@ -190,15 +190,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   check_optional(op, "c0", c0, x, {n.B, n.H});
   const c10::cuda::CUDAGuard guard(x.device());
   const k::Shape shape = shape_of(n, x);
-  TORCH_CHECK(workspace.device() == x.device() && workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
-                  static_cast<std::size_t>(workspace.numel()) * 4 >= k::fwd_workspace_bytes(shape),
-              "hfnn.", op, ": workspace is not the one lstm_layer_fwd returned for this layer (float32, ",
-              k::fwd_workspace_bytes(shape), " bytes on ", x.device(), ")");
   const k::Variant& v = choose(op, std::string_view(variant.data(), variant.size()), shape);
+  const std::size_t ws_bytes = v.fwd_workspace_bytes(shape);
+  TORCH_CHECK(workspace.device() == x.device() && workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
+                  static_cast<std::size_t>(workspace.numel()) * 4 >= ws_bytes,
+              "hfnn.", op, ": workspace is not the one lstm_layer_fwd returned for this layer with variant ", v.name,
+              " (float32, ", ws_bytes, " bytes on ", x.device(), ")");
   Tensor dx = at::empty_like(x), dw_ih = at::empty_like(w_ih), dw_hh = at::empty_like(w_hh);
   Tensor db = at::empty({4 * n.H}, x.options());
   Tensor dh0 = at::empty({n.B, n.H}, x.options()), dc0 = at::empty({n.B, n.H}, x.options());
-  Tensor scratch = float_buffer(k::bwd_scratch_bytes(shape), x);
+  Tensor scratch = float_buffer(v.bwd_scratch_bytes(shape), x);
   Tensor lt;
   k::BwdParams p;
   p.shape = shape;
@@ -237,14 +238,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> bwd_cpu(const Tensor&
 // Meta: the outputs' shapes (torch.compile traces through them); the workspace as the kernels size it.
 std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_meta(const Tensor& x, const Tensor& w_ih, const Tensor& w_hh,
                                                     const OptTensor&, const OptTensor&, const OptTensor&,
-                                                    const OptTensor&, bool, c10::string_view) {
+                                                    const OptTensor&, bool, c10::string_view variant) {
   TORCH_CHECK(x.dim() == 3 && w_hh.dim() == 2 && kernel_dtype(x.scalar_type()),
               "hfnn.lstm_layer_fwd: x must be 3-D and w_hh 2-D, float32, float16 or bfloat16");
   (void)w_ih;
   const int64_t T = x.size(0), B = x.size(1), H = w_hh.size(1);
   k::Shape s;
   s.steps = T, s.batch = B, s.input = x.size(2), s.hidden = H, s.dtype = *kernel_dtype(x.scalar_type());
-  const auto bytes = static_cast<int64_t>((k::fwd_workspace_bytes(s) + 3) / 4);
+  std::size_t ws_bytes = k::fwd_workspace_bytes(s);  // hfnn's kernels' (the variant '' picks one of them)
+#if HFNN_KERNELS
+  // A named variant with a workspace of its own (cuDNN's) sizes it on the device the call will run on.
+  if (const k::Variant* v = k::find(std::string_view(variant.data(), variant.size()))) {
+    s.device = kernels::device_info(c10::cuda::current_device());
+    ws_bytes = v->fwd_workspace_bytes(s);
+  }
+#else
+  (void)variant;
+#endif
+  const auto bytes = static_cast<int64_t>((ws_bytes + 3) / 4);
   return {at::empty({T, B, H}, x.options()), at::empty({B, H}, x.options()), at::empty({B, H}, x.options()),
           at::empty({bytes}, x.options().dtype(at::kFloat))};
 }
@@ -264,6 +275,7 @@ bool supports(const Tensor& x, const Tensor& w_hh, c10::string_view variant) {
   if (!x.is_cuda() || !kernel_dtype(x.scalar_type()) || x.dim() != 3 || w_hh.dim() != 2 ||
       w_hh.size(0) != 4 * w_hh.size(1))
     return false;
+  const c10::cuda::CUDAGuard guard(x.device());  // a variant may ask its device (cuDNN's: a probe run)
   const k::Shape s = shape_of({x.size(0), x.size(1), x.size(2), w_hh.size(1)}, x);
   const std::string_view name(variant.data(), variant.size());
   if (name.empty()) {

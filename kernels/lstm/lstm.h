@@ -10,14 +10,15 @@
 //
 // Inputs and outputs are in the tensor's dtype (fp32, fp16, bf16); all arithmetic is float32 and
 // the cell state float32. The forward leaves in a float32 workspace what the backward reads (the
-// gates after their activations, c_t, the h each step read); its layout is the variants' own, the
-// same for every variant, so any variant's backward reads any variant's forward workspace.
+// gates after their activations, c_t, the h each step read); its layout is hfnn's kernels' own, the
+// same for both, so either's backward reads the other's forward workspace. The cuDNN variant keeps
+// cuDNN's (Variant::fwd_workspace_bytes): its forward's workspace goes to its own backward.
 //
 // The kernels see only these parameter structs and a stream; torch lives in src/lstm_op.cpp.
 // Every variant has a stable name (the dispatch database stores names: never rename one) and a
 // supports() check true exactly where both its forward and its backward launch on `device` (shared
 // memory against the opt-in limit, every block of a cooperative grid resident), so run() fails only
-// for a reason outside the variant (memory, a sticky error from earlier work, cuBLASLt).
+// for a reason outside the variant (memory, a sticky error from earlier work, cuBLASLt, cuDNN).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -96,7 +97,8 @@ struct BwdParams {
 // [T+1, B, H rounded up to 4] in float32 and [T+1, B, H] in the dtype where that is another
 // buffer: 16-bit, or H not a multiple of 4; lstm_layout.h) and of the backward's scratch
 // (the gate gradients [T, B, 4H] in float32 and the dtype, the recurrent state, partial sums).
-// The same for every variant; 0 for an empty or invalid shape.
+// The same for hfnn's kernels (Variant::fwd_workspace_bytes gives each variant's); 0 for an empty
+// or invalid shape.
 std::size_t fwd_workspace_bytes(const Shape& s);
 std::size_t bwd_scratch_bytes(const Shape& s);
 
@@ -114,6 +116,11 @@ struct Variant {
   bool (*supports)(const Shape&);
   cudaError_t (*forward)(const FwdParams&, cudaStream_t);
   cudaError_t (*backward)(const BwdParams&, cudaStream_t);
+  // The variant's workspace and scratch sizes: fwd_workspace_bytes / bwd_scratch_bytes above for
+  // hfnn's kernels (whose backward reads any of them's forward workspace); cuDNN's variant has its
+  // own (lstm_cudnn.cu), so a forward's workspace goes to the same variant's backward.
+  std::size_t (*fwd_workspace_bytes)(const Shape&);
+  std::size_t (*bwd_scratch_bytes)(const Shape&);
 };
 
 std::span<const Variant> variants();

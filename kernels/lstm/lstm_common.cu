@@ -7,9 +7,10 @@
 
 namespace hfnn::kernels::lstm {
 namespace detail {
-namespace {
 
 thread_local std::string gemm_error;
+
+namespace {
 
 // The GEMM cuBLASLt has no algorithm for: 16 x 16 tiles through shared memory, float sums in a
 // fixed order. Rows of D along the grid's x (T*B may pass 65,535 tiles), columns along y.
@@ -159,14 +160,17 @@ cudaError_t backward_gemms(const BwdParams& p, cudaStream_t stream) {
 
 namespace {
 
-static_assert(kVariants[0].name == "persistent" && kVariants[1].name == "steps",
+static_assert(kVariants[0].name == "persistent" && kVariants[1].name == "steps" &&
+                  kVariants[2].name == "cudnn_persistent",
               "the registry below follows lstm_family.h's kVariants");
 
 constexpr std::array kTable = {
     Variant{kVariants[0].name, kVariants[0].idea, &detail::persistent_supports, &detail::persistent_forward,
-            &detail::persistent_backward},
+            &detail::persistent_backward, &fwd_workspace_bytes, &bwd_scratch_bytes},
     Variant{kVariants[1].name, kVariants[1].idea, &detail::steps_supports, &detail::steps_forward,
-            &detail::steps_backward},
+            &detail::steps_backward, &fwd_workspace_bytes, &bwd_scratch_bytes},
+    Variant{kVariants[2].name, kVariants[2].idea, &detail::cudnn_supports, &detail::cudnn_forward,
+            &detail::cudnn_backward, &detail::cudnn_fwd_workspace_bytes, &detail::cudnn_bwd_scratch_bytes},
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/common/device.cuh"
 #include "kernels/common/gemm.h"
@@ -74,6 +75,8 @@ __device__ __forceinline__ CellGrad cell_backward(float i, float f, float g, flo
 // matrices), a plain tiled kernel with float sums. A cuBLASLt failure returns cudaErrorUnknown and
 // leaves its message for last_gemm_error().
 cudaError_t run_gemm(const GemmContext& ctx, gemm::Params p, cudaStream_t stream);
+// The message of this thread's last library failure (cuBLASLt, cuDNN): last_gemm_error().
+extern thread_local std::string gemm_error;
 
 // The input projection: ws.gates [T*B, 4H] (float) = x [T*B, I] W_ih^T, sums in float32.
 cudaError_t input_projection(const FwdParams& p, cudaStream_t stream);
@@ -83,13 +86,18 @@ cudaError_t input_projection(const FwdParams& p, cudaStream_t stream);
 // column sums (float32, fixed order).
 cudaError_t backward_gemms(const BwdParams& p, cudaStream_t stream);
 
-// The variants (lstm_persistent.cu, lstm_steps.cu).
+// The variants (lstm_persistent.cu, lstm_steps.cu, lstm_cudnn.cu).
 bool persistent_supports(const Shape& s);
 cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream);
 cudaError_t persistent_backward(const BwdParams& p, cudaStream_t stream);
 bool steps_supports(const Shape& s);
 cudaError_t steps_forward(const FwdParams& p, cudaStream_t stream);
 cudaError_t steps_backward(const BwdParams& p, cudaStream_t stream);
+bool cudnn_supports(const Shape& s);
+cudaError_t cudnn_forward(const FwdParams& p, cudaStream_t stream);
+cudaError_t cudnn_backward(const BwdParams& p, cudaStream_t stream);
+std::size_t cudnn_fwd_workspace_bytes(const Shape& s);
+std::size_t cudnn_bwd_scratch_bytes(const Shape& s);
 
 // Typed views of the workspaces.
 template <typename T>

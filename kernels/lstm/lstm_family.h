@@ -41,12 +41,15 @@ std::optional<Key> parse_key(const std::string& text);
 struct VariantName {
   std::string_view name, idea;
 };
-inline constexpr std::array<VariantName, 2> kVariants = {{
+inline constexpr std::array<VariantName, 3> kVariants = {{
     {"persistent",
      "one cooperative launch for the whole sequence: each block keeps its hidden units' rows of W_hh in shared "
      "memory; a step waits only for the h values it reads, each written once into a buffer cleared before the "
      "launch; the backward likewise with W_hh's columns"},
     {"steps", "a cuBLASLt GEMM and a fused gate kernel per step: any size the GEMMs take (W_hh too large to stay on chip)"},
+    {"cudnn_persistent",
+     "cuDNN's own persistent kernel (CUDNN_RNN_ALGO_PERSIST_STATIC) wherever cuDNN takes the shape, in every dtype: "
+     "torch's nn.LSTM asks for it only in float16 at a few shapes"},
 }};
 
 // The one pass's position in kFamily.passes.

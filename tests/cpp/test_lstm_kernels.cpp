@@ -243,8 +243,15 @@ struct Problem {
         db("db", k.dtype, 4 * k.H),
         dh0("dh0", k.dtype, k.B * k.H),
         dc0("dc0", k.dtype, k.B * k.H),
-        ws(fwd_workspace_bytes(k.shape())),
-        scratch(bwd_scratch_bytes(k.shape())) {}
+        ws(largest(k.shape(), &Variant::fwd_workspace_bytes)),
+        scratch(largest(k.shape(), &Variant::bwd_scratch_bytes)) {}
+
+  // The largest of the variants' workspace (or scratch) sizes: one buffer any of them runs in.
+  static std::size_t largest(const Shape& s, std::size_t (*Variant::*size)(const Shape&)) {
+    std::size_t out = 0;
+    for (const Variant& v : variants()) out = std::max(out, (v.*size)(s));
+    return out;
+  }
 
   // The params over device (or, host, the reference's host) pointers.
   FwdParams fwd(bool host) {
@@ -387,12 +394,17 @@ TEST(LstmKernels, EveryVariantMatchesTheReferenceOverTheSweep) {
   }
 }
 
-// The case of CancellingDh0 on the device: every variant that takes it within the tolerance, the
-// steps variant included (before its split of dG, bf16 dh0 was off by about the CPU test's 0.78).
+// The case of CancellingDh0 on the device: every hfnn kernel that takes it within the tolerance,
+// the steps variant included (before its split of dG, bf16 dh0 was off by about the CPU test's
+// 0.78). cuDNN's persistent kernel is not held to it: its float16 backward rounds dG once, as
+// torch's cuDNN LSTM does (dh0 0.53 from float64 on an H100, 2026-11-26); the tuner's gate
+// (max(tolerance, 2x torch's own error) on each key's real inputs) decides where that matters.
 TEST(LstmKernels, SixteenBitDh0SurvivesCancellation) {
   if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
   const CancellingDh0 k;
-  const std::vector<const Variant*> all = all_variants();
+  std::vector<const Variant*> all;
+  for (const Variant* v : all_variants())
+    if (v->name != "cudnn_persistent") all.push_back(v);
   for (const DType d : {DType::kBFloat16, DType::kFloat16}) {
     Problem p(Case{1, 1, 1, 1, d, true, false, false, true});  // h0/c0 and dh_n/dc_n given, no biases
     auto set = [&](Input& in, std::span<const double> values) {
@@ -460,6 +472,48 @@ TEST(LstmKernels, EveryVariantRefusesWhatItCannotRun) {
   const Case huge_batch{2, 1 << 14, 4, 1024, DType::kFloat32, false, false, false, false};
   EXPECT_FALSE(find("persistent")->supports(huge_batch.shape()));
   EXPECT_TRUE(find("steps")->supports(huge_batch.shape()));
+}
+
+// The backward reads the forward's workspace and leaves it fit for another backward (autograd's
+// retain_graph): every variant's second backward over one forward matches float64 as the first did,
+// and hfnn's kernels give the same bytes (cuDNN's: printed). cuDNN's backward consumes its reserve
+// space, and a second backward straight over it was wrong (relative errors about 1 in every
+// gradient, H100, cuDNN 9.19; torch clones the reserve under retain_graph): the variant's backward
+// works on a copy (lstm_cudnn.cu).
+TEST(LstmKernels, EveryVariantsSecondBackwardOverOneForwardAgrees) {
+  if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  int checked = 0;
+  for (const Variant& v : variants()) {
+    const bool deterministic = v.name != "cudnn_persistent";
+    for (const DType d : kDtypes) {
+      for (const Case& c : {Case{6, 8, 128, 128, d, true, true, false, true}, Case{5, 4, 33, 64, d, false, true, true, false}}) {
+        if (!v.supports(c.shape())) continue;
+        Problem p(c);
+        p.reference();
+        const double tol = kFamily.tolerance(std::string(dtype_name(d)));
+        ASSERT_EQ(v.forward(p.fwd(false), nullptr), cudaSuccess) << v.name << " " << c.name();
+        ASSERT_EQ(v.backward(p.bwd(false), nullptr), cudaSuccess) << v.name << " " << c.name();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto outs = p.outputs();
+        std::vector<std::vector<unsigned char>> first;
+        for (std::size_t i = 3; i < outs.size(); ++i) first.push_back(outs[i]->dev.bytes_back());  // the gradients
+        for (std::size_t i = 3; i < outs.size(); ++i) outs[i]->dev.poison();
+        ASSERT_EQ(v.backward(p.bwd(false), nullptr), cudaSuccess) << v.name << " " << c.name();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        bool same = true;
+        for (std::size_t i = 3; i < outs.size(); ++i) {
+          EXPECT_LE(error_of(*outs[i], d), tol) << v.name << " " << c.name() << ": second " << outs[i]->name;
+          same = same && outs[i]->dev.bytes_back() == first[i - 3];
+        }
+        if (deterministic) EXPECT_TRUE(same) << v.name << " " << c.name() << ": the second backward's bytes differ";
+        if (!deterministic)
+          std::printf("[ LSTM     ] %s %s: second backward %s\n", std::string(v.name).c_str(), c.name().c_str(),
+                      same ? "bit-identical to the first" : "not bit-identical to the first");
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(LstmKernels, PersistentIsBitIdenticalRunToRun) {
