@@ -4,7 +4,9 @@
 # (.devbuild/base_libhfnn_ops.so.gz, from scripts/device_wheel.sh --baseline) swapped into the
 # installed package, then with this build's, then with the baseline's again (drift shows as the
 # two baseline runs disagreeing). $AB_OUT names each run's folder for the command: $OUT/base1,
-# $OUT/new, $OUT/base2. device_run.sh's `ab` stage does the same for the LayerNorm sweep alone.
+# $OUT/new, $OUT/base2. $AB_RUNS lists other runs, in order (a name starting with "base" runs the
+# baseline's library, any other this build's): device_run.sh's `ab` stage runs the LayerNorm sweep
+# with AB_RUNS="base new".
 #   AB_TIMEOUT=150 bash scripts/device_ab.sh 'python3 bench/mha.py --configs 0 --out $AB_OUT/mha.json'
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +19,8 @@ cp "$so" "$mine" || exit 1
 # This build's library goes back however the script ends (a time limit, an interrupt).
 trap 'cp "$mine" "$so" && rm -f "$mine" || echo "device_ab: this build'"'"'s library left at $mine"' EXIT
 status=0
-for run in base1 new base2; do
-  if [ "$run" = new ]; then cp "$mine" "$so"; else gunzip -c .devbuild/base_libhfnn_ops.so.gz > "$so"; fi || { echo "device_ab: could not put the $run library in place"; status=1; break; }
+for run in ${AB_RUNS:-base1 new base2}; do
+  if [[ "$run" != base* ]]; then cp "$mine" "$so"; else gunzip -c .devbuild/base_libhfnn_ops.so.gz > "$so"; fi || { echo "device_ab: could not put the $run library in place"; status=1; break; }
   export AB_OUT=$OUT/$run
   mkdir -p "$AB_OUT"
   echo "== device_ab: $run"

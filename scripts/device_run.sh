@@ -28,9 +28,9 @@
 #   widths    tests/python/test_layer_norm_widths.py: every variant at every width (1 to 262,144)
 #   sweep     bench/layer_norm_sweep.py: LayerNorm over 56 widths x 3 sizes x 3 dtypes, torch and
 #             every variant ($SWEEP_CANDIDATES: others; $SWEEP_ARGS adds options)
-#   ab        the sweep twice on this machine: with the baseline's op library
+#   ab        the sweep twice on this machine (scripts/device_ab.sh): with the baseline's op library
 #             (.devbuild/base_libhfnn_ops.so.gz, from scripts/device_wheel.sh --baseline) swapped into
-#             the installed package, results under $OUT/base, then with this build's, under $OUT
+#             the installed package, results under $OUT/base, then with this build's, under $OUT/new
 #   sweep-align  the same for the sweep's 12 widths with 4- or 8-byte rows alone, and its odd
 #             widths in float32 (4-byte rows), to merge
 #   sweep-compile  the same sweep's torch.compile candidates alone, to merge: 16M elements, every
@@ -245,26 +245,10 @@ if want sweep; then
   sweep_to "$OUT" || status=1
 fi
 if want ab; then
-  so=$(python3 -c "import hfnn, os; print(os.path.join(os.path.dirname(hfnn.__file__), 'libhfnn_ops.so'))")
-  if [ ! -f .devbuild/base_libhfnn_ops.so.gz ] || [ ! -f "$so" ]; then
-    echo "ab: needs .devbuild/base_libhfnn_ops.so.gz (scripts/device_wheel.sh --baseline) and the installed $so"
-    status=1
-  else
-    keep=$(mktemp)
-    cp "$so" "$keep"
-    mkdir -p "$OUT/base"
-    if gunzip -c .devbuild/base_libhfnn_ops.so.gz > "$so"; then
-      echo "== ab: baseline"; sweep_to "$OUT/base" || status=1
-    else
-      echo "ab: could not unpack the baseline's library"; status=1
-    fi
-    if cp "$keep" "$so"; then
-      rm -f "$keep"
-      echo "== ab: this build"; sweep_to "$OUT" || status=1
-    else
-      echo "ab: could not put this build's library back ($keep): no second run"; status=1
-    fi
-  fi
+  # scripts/device_ab.sh swaps the libraries (and puts this build's back however it ends)
+  AB_RUNS="base new" AB_TIMEOUT=${SWEEP_TIMEOUT:-560} AB_TAIL=${AB_TAIL:-40} OUT="$OUT" bash scripts/device_ab.sh \
+    "python3 -X faulthandler bench/layer_norm_sweep.py --out \$AB_OUT/layer_norm_sweep-$gpu.json --candidates ${SWEEP_CANDIDATES:-torch variants} ${SWEEP_ARGS:-}" \
+    || status=1
 fi
 if want sweep-align; then
   timeout ${SWEEP_TIMEOUT:-560} python3 -X faulthandler bench/layer_norm_sweep.py --out "$OUT/layer_norm_sweep-align-$gpu.json" \

@@ -17,7 +17,7 @@
 #                  op library alone, gzipped, into .devbuild/base_libhfnn_ops.so.gz. A same-machine
 #                  A/B is then one device call (carry .devbuild): device_run.sh's `ab` stage runs the
 #                  sweep ($SWEEP_ARGS) with that library swapped into the installed package, results
-#                  under $OUT/base, then with this build's, under $OUT:
+#                  under $OUT/base, then with this build's, under $OUT/new:
 #                    SWEEP_CANDIDATES=variants SWEEP_ARGS="--variants ... --widths ..." bash scripts/device_run.sh ab
 #                  then here: python3 bench/layer_norm_sweep.py --compare BASE.json NEW.json
 #                  The Python package is this tree's in both runs: right for kernel changes. The test
