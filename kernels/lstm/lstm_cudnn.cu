@@ -29,19 +29,22 @@
 // input, hidden size and dtype on a device runs a two-step forward and backward on a private stream
 // (stream-ordered allocations, so no capture elsewhere is disturbed), in both of float32's math
 // modes, and keeps the answer; a failure that is not cuDNN's refusal (out of memory) is not kept.
-#include <cudnn.h>
+// A build without cuDNN (CMake found none: HFNN_WITH_CUDNN unset) has the variant take no shape.
 
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "kernels/lstm/lstm_common.cuh"
+
+#if HFNN_WITH_CUDNN
+#include <cudnn.h>
 
 namespace hfnn::kernels::lstm::detail {
 
@@ -568,3 +571,17 @@ cudaError_t cudnn_backward(const BwdParams& p, cudaStream_t stream) {
 }
 
 }  // namespace hfnn::kernels::lstm::detail
+
+#else  // built without cuDNN (CMake found none): the variant takes no shape
+
+namespace hfnn::kernels::lstm::detail {
+
+std::size_t cudnn_fwd_workspace_bytes(const Shape&) { return 0; }
+std::size_t cudnn_bwd_scratch_bytes(const Shape&) { return 0; }
+bool cudnn_supports(const Shape&) { return false; }
+cudaError_t cudnn_forward(const FwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t cudnn_backward(const BwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
+
+}  // namespace hfnn::kernels::lstm::detail
+
+#endif  // HFNN_WITH_CUDNN
