@@ -391,7 +391,7 @@ def write_whole(path: Path, text: str) -> None:
         tmp.write_text(text)
         tmp.replace(path)
     except OSError as e:
-        sys.exit(f"bench/lstm.py: cannot write {path}: {e}")
+        sys.exit(f"{sys.argv[0]}: cannot write {path}: {e}")  # bench/lstm.py, or a script importing this
 
 
 def parse_args(argv=None):

@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from lstm import write_whole  # bench/lstm.py, beside this script: the records whole or not at all
+
 CONFIGS = [  # [input, hidden, batch, steps], and which cuDNN algorithm torch runs there
     ([512, 512, 32, 50], "float16: persistent (PERSIST_STATIC); float32: standard"),
     ([64, 64, 8, 50], "persistent for small hidden sizes (PERSIST_STATIC_SMALL_H), every dtype"),
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
                       f"{rec['first_error']:.1e} second {rec['second_error']:.1e} "
                       f"{'identical' if rec['identical'] else 'DIFFERENT'}", flush=True)
     if args.out:
-        args.out.write_text(json.dumps(records, indent=1) + "\n")
+        write_whole(args.out, json.dumps(records, indent=1) + "\n")
         print(f"wrote {len(records)} records to {args.out}")
     return 0
 

@@ -83,6 +83,10 @@ cudaError_t fail(cudnnStatus_t status, const char* what) {
   gemm_error = std::string("cuDNN ") + what + ": " + cudnnGetErrorString(status);
   return cudaErrorUnknown;
 }
+#define HFNN_CUDNN(call)                                                      \
+  do {                                                                        \
+    if (const cudnnStatus_t st_ = (call); st_ != CUDNN_STATUS_SUCCESS) return fail(st_, #call); \
+  } while (0)
 
 // The device `device` current for the scope (cuDNN binds a handle to the device current at its
 // creation; the probe allocates and runs there).
@@ -98,12 +102,8 @@ struct DeviceScope {
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 };
-#define HFNN_CUDNN(call)                                                      \
-  do {                                                                        \
-    if (const cudnnStatus_t st_ = (call); st_ != CUDNN_STATUS_SUCCESS) return fail(st_, #call); \
-  } while (0)
-// A CUDA failure keeps its call's text for last_gemm_error() too.
-// The innermost failure's text is kept (the entry points clear it first).
+// A CUDA failure keeps its call's text for last_gemm_error() too: the innermost failure's (the
+// entry points clear it first).
 cudaError_t fail_cuda(cudaError_t e, const char* what) {
   if (gemm_error.empty()) gemm_error = std::string(what) + ": " + cudaGetErrorString(e);
   return e;
