@@ -12,6 +12,12 @@
 // wait for it), then y, the gates and c_t. The fused forward (geometry_fused) does the same per
 // warp: the cell in the lane that holds its four gates' sums, c in that lane's register.
 //
+// With 4 or more units a block in 16-bit dtypes (geometry_mma) the products run on tensor cores:
+// each warp keeps its share of the slice as mma.sync fragments in the dtype and multiplies h_{t-1}
+// rounded to the dtype (as cuDNN's LSTM does), float32 sums; where units are even and H a multiple
+// of 8, h_t is exchanged in the dtype too (x16): through the dtype's history hd, whose values the backward's
+// GEMMs read anyway, two units a 4-byte store, so a stage moves half the bytes.
+//
 // Backward. Block b owns the same kind of unit slice and keeps W_hh's COLUMNS for it (all 4H rows,
 // transposed: u x 4H; in registers or shared memory as the forward). A step computes, for its units, dh = dy_t + dh_rec and the gate
 // gradients from the saved gates and c, writes them (dG_t, every block its units' columns), updates
@@ -45,6 +51,10 @@
 // 4 bytes of it are the mark or the one value written (tests/python/test_lstm.py's dense sweep and
 // the C++ tests pass on it). A mark only sends the 16 bytes round again, so the worst a stale read
 // costs is a retry; the consumer's products read nothing but these values.
+// x16 (geometry_mma) exchanges the same way through hd ([T+1, B, H] in the dtype, H a multiple of
+// 8, units a block even): the empty mark is two 0xffff halves (NaN in bf16 and fp16), a producer
+// writes units (2k, 2k+1) of a batch row with one st.relaxed.gpu.b32 (two 0xffff halves become two
+// 0x7fff), and the stage copies and re-copies 16-byte pieces as above.
 // Every block is resident (a cooperative launch checks it), so a consumer spinning on a value never
 // waits for a block that is not running, and no block can run more than a step ahead of the slowest
 // (it needs that block's values of the step before).
@@ -83,6 +93,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/common/mma.cuh"
 #include "kernels/lstm/lstm_common.cuh"
 
 namespace hfnn::kernels::lstm::detail {
@@ -150,6 +161,13 @@ struct Geometry {
   // The forward with its gate phase in the product warps (geometry_fused; reg 4): a row group is
   // one unit's four gates, a warp holds them over the whole row, and v is two buffers.
   int fuse = 0;
+  // The forward's products on tensor cores (geometry_mma, 16-bit dtypes): the slice's rows in `mt`
+  // tiles of 16, the row length in `kt` tiles of 16, the staged rows `vld` floats apart.
+  int mma = 0, mt = 0, kt = 0, vld = 0;
+  int ald = 0;  // acc's rows apart (floats): bs, or geometry_mma's = 8 mod 32 (its stores and the gate phase's loads)
+  // geometry_mma's exchange in the dtype (x16): h_t through the dtype's history hd, two units a
+  // 4-byte store, staged as 16-bit pairs vld words apart (vld = 4 mod 32); units even, H a multiple of 8.
+  int x16 = 0;
   int off_v = 0, off_acc = 0, off_state = 0, off_bias = 0, smem = 0;
 };
 
@@ -277,6 +295,56 @@ Geometry geometry_fused(const Shape& s, int64_t units) {
   g.off_bias = g.off_state + static_cast<int>(state);
   g.smem = static_cast<int>(smem);
   return g;
+}
+
+// The forward with its products on tensor cores (16-bit dtypes): every warp keeps, as mma.sync
+// fragments in the dtype, the slice's rows (4u, in mt tiles of 16, zeros past them) over its
+// share of the row (k tiles of 16: warp w has tiles w, w + 8, ...; zeros past H) for the whole
+// launch, and multiplies them by h_{t-1} (staged as floats, rounded to the dtype as each fragment is
+// read: the h cuDNN's LSTM multiplies in these dtypes) with float32 sums. The warps' partial sums
+// meet in the gate phase as the other geometries' `parts` (one a warp with k tiles). Rows staged
+// vld floats apart (vld = 8 mod 32: a fragment's 8-byte reads hit 32 banks), zeros past kp. At most
+// kMmaMt x kMmaKw tiles a warp (hidden up to 1,024 with one block an SM on 132 SMs), several blocks
+// (the on-chip path writes h_t into the staging buffer at kp).
+constexpr int kMmaMt = 2, kMmaKw = 8, kMmaNt = 4;  // n tiles (8 batch rows) a pass of the products
+// Where it runs, measured (H100, bf16, us a forward step against geometry_reg's, C++ timing test;
+// bench/README.md, "The forward's products on tensor cores"): with 4 or more units a block and at
+// least 128 cells (batch x units) a block: hidden 985-1,024 x batch 16-64 1.1-1.7x faster, 512 x 64
+// 1.2x, 512 x 32 equal; 512 x 16 (64 cells) 1.14x slower, 1 or 2 units a block (hidden 32-128,
+// batch 64-128) up to 1.35x slower. The exchange in the dtype (x16) wherever units are even and H a
+// multiple of 8 in those.
+constexpr int64_t kMmaUnits = 4, kMmaCells = 128;
+
+Geometry geometry_mma(const Shape& s, int64_t units) {
+  Geometry g;
+  g.smem = INT32_MAX;
+  if (s.dtype == DType::kFloat32 || s.device.cc_major < 8 || units < kMmaUnits || s.batch * units < kMmaCells)
+    return g;
+  const int64_t H = s.hidden, B = s.batch, rows = 4 * units, kp = (H + 3) / 4 * 4;
+  const int64_t mt = (rows + 15) / 16, kt = (H + 15) / 16;
+  if (mt > kMmaMt || kt > kWarps * kMmaKw) return g;
+  // x16: rows of 16-bit pairs, kt * 8 words and up to 4 mod 32; else floats, kt * 16 and up to 8 mod 32.
+  const bool x16 = units % 2 == 0 && H % 8 == 0;
+  const int64_t row = x16 ? kt * 8 : kt * 16, want = x16 ? 4 : 8;
+  const int64_t vld = row + ((want - row) % 32 + 32) % 32, parts = std::min<int64_t>(kWarps, kt);
+  const int64_t state = align16(units * B * 4), bias = align16(rows * 4);
+  for (int64_t bs = B;; bs = (bs + 1) / 2) {
+    const int64_t ald = bs + ((8 - bs) % 32 + 32) % 32;
+    const int64_t smem = align16(bs * vld * 4) + align16(parts * rows * ald * 4) + state + bias;
+    if (smem <= s.device.smem_per_block_optin) {
+      g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
+      g.bs = static_cast<int>(bs), g.parts = static_cast<int>(parts);
+      g.mma = 1, g.mt = static_cast<int>(mt), g.kt = static_cast<int>(kt), g.vld = static_cast<int>(vld);
+      g.ald = static_cast<int>(ald), g.x16 = x16 ? 1 : 0;
+      g.off_v = 0;
+      g.off_acc = static_cast<int>(align16(bs * vld * 4));
+      g.off_state = g.off_acc + static_cast<int>(align16(parts * rows * ald * 4));
+      g.off_bias = g.off_state + static_cast<int>(state);
+      g.smem = static_cast<int>(smem);
+      return g;
+    }
+    if (bs == 1) return g;
+  }
 }
 
 // ---- device code ----------------------------------------------------------------------------------
@@ -443,11 +511,93 @@ __device__ __forceinline__ void reg_products(const float (&w)[kR][kRegFloats / k
   }
 }
 
+// The products on tensor cores (geometry_mma): this warp's fragments of the slice, a[m][i] the
+// 16 x 16 tile of rows 16 m.. and columns 16 (warp + 8 i).. (lane l: rows l/4 and l/4 + 8, columns
+// 2 (l%4), +1 and +8, +9, the PTX ISA's m16n8k16 A layout), from weight(r, k) as the dtype's bits
+// (zero past the slice's rows and H).
+template <typename F>
+__device__ __forceinline__ void load_mma_weights(uint32_t (&a)[kMmaMt][kMmaKw][4], const Geometry& geo, F&& bits) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = lane / 4, k0 = 2 * (lane % 4);
+#pragma unroll
+  for (int m = 0; m < kMmaMt; ++m)
+#pragma unroll
+    for (int i = 0; i < kMmaKw; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = 16 * m + r0 + (j & 1) * 8, k = 16 * (warp + kWarps * i) + k0 + (j >> 1) * 8;
+        a[m][i][j] = static_cast<uint32_t>(bits(r, k)) | static_cast<uint32_t>(bits(r, k + 1)) << 16;
+      }
+}
+
+// acc[warp][r][b] = this warp's k tiles of sum_k W[r][k] v[b][k], for r < rows, b < nb (v's rows
+// vld apart); warps past geo.parts have no k tile and write nothing. Rows of v past nb are never
+// read (the last n tile reads row nb - 1 again and drops its columns).
+// kX16: v holds 16-bit pairs (geometry_mma's x16), a fragment register each, no rounding.
+template <typename T, bool kX16>
+__device__ __forceinline__ void mma_products(const uint32_t (&a)[kMmaMt][kMmaKw][4], const Geometry& geo,
+                                             const float* __restrict__ v, int nb, float* __restrict__ acc) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = lane / 4, k0 = 2 * (lane % 4);
+  if (warp >= geo.parts) return;
+  const int rows = geo.rows, vld = geo.vld, mt = geo.mt, kt = geo.kt;
+  for (int n0 = 0; n0 < nb; n0 += 8 * kMmaNt) {
+    float c[kMmaMt][kMmaNt][4];
+#pragma unroll
+    for (int m = 0; m < kMmaMt; ++m)
+#pragma unroll
+      for (int n = 0; n < kMmaNt; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c[m][n][j] = 0.0f;
+    const float* vr[kMmaNt];
+#pragma unroll
+    for (int n = 0; n < kMmaNt; ++n) vr[n] = v + min(n0 + 8 * n + r0, nb - 1) * vld + (kX16 ? k0 / 2 : k0);
+#pragma unroll
+    for (int i = 0; i < kMmaKw; ++i) {
+      const int kk = warp + kWarps * i;
+      if (kk >= kt) break;
+#pragma unroll
+      for (int n = 0; n < kMmaNt; ++n) {
+        if (n0 + 8 * n >= nb) break;
+        uint32_t b0, b1;
+        if constexpr (kX16) {
+          b0 = __float_as_uint(vr[n][8 * kk]), b1 = __float_as_uint(vr[n][8 * kk + 4]);
+        } else {
+          const float2 lo = *reinterpret_cast<const float2*>(vr[n] + 16 * kk);
+          const float2 hi = *reinterpret_cast<const float2*>(vr[n] + 16 * kk + 8);
+          b0 = pack2<T>(lo.x, lo.y), b1 = pack2<T>(hi.x, hi.y);
+        }
+#pragma unroll
+        for (int m = 0; m < kMmaMt; ++m)
+          if (m < mt) mma<T>(c[m][n], a[m][i], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kMmaMt; ++m)
+#pragma unroll
+      for (int n = 0; n < kMmaNt; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = 16 * m + r0 + (j >> 1) * 8, b = n0 + 8 * n + k0 + (j & 1);
+          if (m < mt && r < rows && b < nb) acc[(warp * rows + r) * geo.ald + b] = c[m][n][j];
+        }
+  }
+}
+
 // A value another thread of the launch reads while the launch runs (header comment): one strong
 // 4-byte store, the empty mark replaced by the canonical NaN.
 __device__ __forceinline__ void store_exchange(float* p, float value) {
   unsigned bits = __float_as_uint(value);
   if (bits == kEmpty) bits = 0x7fffffffu;
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(bits) : "memory");
+}
+
+// Two adjacent values of the dtype's history as one such store (x16): lo at p, hi at p + 1, the
+// empty mark (two 0xffff NaNs) replaced by two canonical NaNs.
+template <typename T>
+__device__ __forceinline__ void store_exchange_pair(T* p, float lo, float hi) {
+  const T v[2] = {from_float<T>(lo), from_float<T>(hi)};
+  unsigned bits;
+  memcpy(&bits, v, 4);
+  if (bits == kEmpty) bits = 0x7fff7fffu;
   asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(bits) : "memory");
 }
 
@@ -468,8 +618,9 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 template <bool kCopy>
 __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float* src, int b0, int nb, int len,
-                                              int kp) {
+                                              int kp, int vld = 0) {
   const int n = nb * kp;
+  if (vld == 0) vld = kp;  // v's rows vld floats apart (geometry_mma's), else packed
   const float* base = src + static_cast<int64_t>(b0) * len;
   // kCopy, rows of a multiple of 4 (hs's, padded with zeros since 2026-11-26: (985, 32) float32
   // 30.0 -> 19.8 us a forward step, H100) from a 16-byte aligned source: every 16 bytes of
@@ -485,24 +636,34 @@ __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float
   // hidden 1,024, batch 4 from 3.48 to 5.09 us a step and hidden 128, batch 32 from 2.27 to 3.84
   // (though 128, 1 went from 1.62 to 1.28), not understood yet.
   if (kCopy && len == kp && ((reinterpret_cast<uintptr_t>(base) | reinterpret_cast<uintptr_t>(v)) & 15) == 0) {
-    const int n4 = n / 4;
+    const int n4 = n / 4, row4 = kp / 4, vld4 = vld / 4, tid = static_cast<int>(threadIdx.x);
     const float4* from = reinterpret_cast<const float4*>(base);
-    const uint4* to = reinterpret_cast<const uint4*>(v);
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(v));
+    // f(i, j) for this thread's 16 bytes i of the rows, j their place in v (rows vld apart): the
+    // row and column stepped along (a division a 16 bytes made every polling round cost a few
+    // thousand cycles at hidden 512-1,024, batch 32).
+    const int dr = kThreads / row4, dc = kThreads - dr * row4;
+    auto each = [&](auto&& f) {
+      int r = tid / row4, c = tid - r * row4;
 #pragma unroll 1
-    for (int i = static_cast<int>(threadIdx.x); i < n4; i += kThreads) cp_async16(dst + 16u * i, from + i);
+      for (int i = tid; i < n4; i += kThreads) {
+        f(i, r * vld4 + c);
+        r += dr, c += dc;
+        if (c >= row4) c -= row4, ++r;
+      }
+    };
+    each([&](int i, int j) { cp_async16(dst + 16u * j, from + i); });
     for (int round = 0;; ++round) {
       cp_async_wait_all();
       if (round > 1) __nanosleep(32);
       bool again = false;
-#pragma unroll 1
-      for (int i = static_cast<int>(threadIdx.x); i < n4; i += kThreads) {
-        const uint4 x = to[i];
+      each([&](int i, int j) {
+        const uint4 x = reinterpret_cast<const uint4*>(v)[j];
         if (x.x == kEmpty || x.y == kEmpty || x.z == kEmpty || x.w == kEmpty) {
-          cp_async16(dst + 16u * i, from + i);
+          cp_async16(dst + 16u * j, from + i);
           again = true;
         }
-      }
+      });
       if (!again) return;
     }
   }
@@ -534,7 +695,7 @@ __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float
 #pragma unroll
     for (int j = 0; j < kStageBatch; ++j) {
       const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
-      if (idx < n) v[idx] = __uint_as_float(x[j]);
+      if (idx < n) v[vld == kp ? idx : idx / kp * vld + idx % kp] = __uint_as_float(x[j]);
     }
   }
 }
@@ -613,11 +774,13 @@ __host__ __device__ inline bool on_chip(int grid, int bs, int64_t batch) { retur
 // kR > 0: the weights in registers (geometry_reg), kR rows a thread, one block an SM; 0: in shared
 // memory, at most 128 registers a thread (2 blocks an SM, as plan()'s last geometries take).
 // kFuse: geometry_fused's (kR 4), an instance of its own (in one with the other paths it spilled).
-template <typename T, int kBt, int kR, bool kFuse = false>
-__global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kernel(const FwdArgs<T> a) {
+// kMma: geometry_mma's (16-bit dtypes; kR 0, one block an SM).
+template <typename T, int kBt, int kR, bool kFuse = false, bool kMma = false>
+__global__ void __launch_bounds__(kThreads, kR > 0 || kMma ? 1 : 2) persistent_fwd_kernel(const FwdArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Geometry& geo = a.geo;
   const int u = geo.units, rows = geo.rows, kp = geo.kp, bs = geo.bs, parts = geo.parts;
+  const int ald = kMma ? geo.ald : bs;  // acc's rows apart
   const int H = a.hidden, B = a.batch, tid = threadIdx.x;
   const int unit0 = static_cast<int>(blockIdx.x) * u;
   const int64_t BH = static_cast<int64_t>(B) * H, G = 4 * static_cast<int64_t>(H);
@@ -632,7 +795,22 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
 
   // Row r = gate * u + j of the slice is W_hh's row gate * H + unit0 + j (zeros past H).
   float wr[kR > 0 ? kR : 1][kR > 0 ? kRegFloats / kR : 1];
-  if constexpr (kR > 0) {
+  uint32_t wa[kMma ? kMmaMt : 1][kMma ? kMmaKw : 1][4];
+  if constexpr (kMma) {
+    load_mma_weights(wa, geo, [&](int r, int k) -> uint16_t {
+      const int gate = r / u, unit = unit0 + r - gate * u;
+      if (r >= rows || unit >= H || k >= H) return 0;
+      const T w = a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k];
+      uint16_t bits;
+      memcpy(&bits, &w, 2);
+      return bits;
+    });
+    // The staged rows' columns past H (kp floats or H / 2 pairs; to the k tiles' end and the pad)
+    // are never staged: zeros.
+    const int staged = geo.x16 ? H / 2 : kp;
+    for (int idx = tid; idx < bs * geo.vld; idx += kThreads)
+      if (idx % geo.vld >= staged) v[idx] = 0.0f;
+  } else if constexpr (kR > 0) {
     load_reg_weights<kR>(wr, geo, [&](int r, int k) {  // fused: row r is unit r / 4's gate r % 4
       const int gate = kFuse ? r % 4 : r / u, unit = unit0 + (kFuse ? r / 4 : r - gate * u);
       return unit < H && k < H ? to_float(a.w_hh[static_cast<int64_t>(gate * H + unit) * H + k]) : 0.0f;
@@ -650,7 +828,9 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
   const int64_t first = initial_slot(a.steps, a.reverse);
   // A history value into hs: one store the other blocks wait for, or a plain one on chip. (The
   // rows' pads are zeros from before the launch: mark_empty.)
+  const bool x16 = kMma && geo.x16;  // h through hd, in pairs (below), not hs
   auto put_history = [&](int64_t slot, int b, int unit, float h) {
+    if (x16) return;
     float* p = a.hs + slot * BHp + static_cast<int64_t>(b) * kp + unit;
     if (chip)
       *p = h;
@@ -664,7 +844,11 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     const float h0 = load_or_zero(a.h0, e);
     c_state[idx] = load_or_zero(a.c0, e);
     put_history(first, b, unit, h0);  // the other blocks' first stage waits for it
-    if (a.hd) a.hd[first * BH + e] = a.h0 ? a.h0[e] : from_float<T>(0.0f);
+    if (x16) {  // unit and unit + 1 in one store the other blocks wait for (units even, H too)
+      if ((unit & 1) == 0) store_exchange_pair(a.hd + first * BH + e, h0, load_or_zero(a.h0, e + 1));
+    } else if (a.hd) {
+      a.hd[first * BH + e] = a.h0 ? a.h0[e] : from_float<T>(0.0f);
+    }
   }
   if (chip)  // h0 into the staging buffer, zeros past H (never written again)
     for (int idx = tid; idx < B * kp; idx += kThreads) {
@@ -700,7 +884,7 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     g[0] = c.i, g[H] = c.f, g[2 * H] = c.g, g[3 * H] = c.o;
     const T h = from_float<T>(c.h);
     a.cs[t * BH + e] = c.c;
-    if (a.hd) a.hd[out_slot * BH + e] = h;
+    if (a.hd && !x16) a.hd[out_slot * BH + e] = h;  // x16: in pairs, after the cell
     a.y[t * BH + e] = h;
     if (last) {
       a.h_n[e] = h;
@@ -751,50 +935,75 @@ __global__ void __launch_bounds__(kThreads, kR > 0 ? 1 : 2) persistent_fwd_kerne
     HFNN_PHASES_BEGIN
     for (int64_t s = 0; s < a.steps; ++s) {
       const int64_t t = time_of(s, a.steps, a.reverse), out_slot = write_slot(t, a.reverse);
-      const float* h_prev = a.hs + read_slot(t, a.reverse) * BHp;
+      // x16: rows of H / 2 pairs of the dtype's history (geometry_mma); else hs's floats.
+      const float* h_prev = x16 ? reinterpret_cast<const float*>(a.hd + read_slot(t, a.reverse) * BH)
+                                : a.hs + read_slot(t, a.reverse) * BHp;
+      const int hlen = x16 ? H / 2 : kp;
       for (int b0 = 0; b0 < B; b0 += bs) {
         const int nb = min(bs, B - b0);
         if (!chip) {
           // (v's last readers, the products of the chunk before, finished before the barrier after
           // them; acc's, the gate phase before, finish before the barrier below.)
-          stage_polling<true>(v, h_prev, b0, nb, kp, kp);  // waits for every block's h_{t-1} of the chunk
+          stage_polling<true>(v, h_prev, b0, nb, hlen, hlen, geo.vld);  // waits for every block's h_{t-1} of the chunk
           __syncthreads();                          // v filled by every thread before any warp's products
         }
         HFNN_PHASE(0)
-        if constexpr (kR > 0)
+        if constexpr (kMma) {
+          if (x16)
+            mma_products<T, true>(wa, geo, v, nb, acc);
+          else
+            mma_products<T, false>(wa, geo, v, nb, acc);
+        } else if constexpr (kR > 0)
           reg_products<kR>(wr, geo, v, nb, acc);
         else
           block_products<T, kBt>(w, rows, v, nb, kp, parts, acc, bs);
         __syncthreads();  // every warp's acc before the gate phase sums it; v read (on chip: free for h_t)
         HFNN_PHASE(1)
-        if (kR > 0 && own_one) {  // one chunk, this thread's (batch row, unit) alone (kR 0: 128 registers)
+        if ((kR > 0 || kMma) && own_one) {  // one chunk, this thread's (batch row, unit) alone (kR 0: 128 registers)
+          Cell c{};
           if (mine) {
             float pre[4];
 #pragma unroll
             for (int gate = 0; gate < 4; ++gate) {
               float sum = 0.0f;
-              for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + my_j) * bs + my_b];
+              for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + my_j) * ald + my_b];
               pre[gate] = sum + proj[gate] + bias[gate * u + my_j];
             }
-            const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[tid]);
+            c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[tid]);
             c_state[tid] = c.c;
-            put_cell(c, my_b, unit0 + my_j, my_e, a.gates + t * B * G + my_row, t, out_slot, s + 1 == a.steps);
           }
+          // x16: the next unit's h is the next lane's (units even), one store for the pair, before
+          // the cell's other stores (after them, its wait grew by 1-2 us a step at hidden 512, batch 16).
+          if (x16) {
+            const float next_h = __shfl_down_sync(0xffffffffu, c.h, 1);
+            if (mine && (my_j & 1) == 0) store_exchange_pair(a.hd + out_slot * BH + my_e, c.h, next_h);
+          }
+          if (mine) put_cell(c, my_b, unit0 + my_j, my_e, a.gates + t * B * G + my_row, t, out_slot, s + 1 == a.steps);
         } else {
-          for (int idx = tid; idx < nb * u; idx += kThreads) {
-            const int bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
-            if (unit >= H) continue;
+          // Every thread through the same rounds (x16's shuffle pairs lanes idx and idx + 1).
+          for (int base = 0; base < nb * u; base += kThreads) {
+            const int idx = base + tid, bb = idx / u, j = idx - bb * u, unit = unit0 + j, b = b0 + bb;
+            const bool cell = idx < nb * u && unit < H;
             float* g = a.gates + (t * B + b) * G + unit;  // the projection in, the gates out
-            float pre[4];
+            Cell c{};
+            if (cell) {
+              float pre[4];
 #pragma unroll
-            for (int gate = 0; gate < 4; ++gate) {
-              float sum = 0.0f;
-              for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + j) * bs + bb];
-              pre[gate] = sum + (own_one ? proj[gate] : g[gate * H]) + bias[gate * u + j];
+              for (int gate = 0; gate < 4; ++gate) {
+                float sum = 0.0f;
+                for (int p = 0; p < parts; ++p) sum += acc[(p * rows + gate * u + j) * ald + bb];
+                pre[gate] = sum + (own_one ? proj[gate] : g[gate * H]) + bias[gate * u + j];
+              }
+              const int si = b * u + j;
+              c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
+              c_state[si] = c.c;
             }
-            const int si = b * u + j;
-            const Cell c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
-            c_state[si] = c.c;
+            if (x16) {  // as in the path above: the pair's store first
+              const float next_h = __shfl_down_sync(0xffffffffu, c.h, 1);
+              if (cell && (j & 1) == 0)
+                store_exchange_pair(a.hd + out_slot * BH + static_cast<int64_t>(b) * H + unit, c.h, next_h);
+            }
+            if (!cell) continue;
             put_cell(c, b, unit, static_cast<int64_t>(b) * H + unit, g, t, out_slot, s + 1 == a.steps);
             if (s + 1 < a.steps && !own_one) {  // the next step's projection, from HBM into L2 while this step finishes
               const float* next = a.gates + (time_of(s + 1, a.steps, a.reverse) * B + b) * G + unit;
@@ -1020,20 +1229,23 @@ decltype(auto) with_reg_rows(int kr, F&& f) {
   return f.template operator()<0>();
 }
 
-template <bool kBackward, typename T, int kBt, int kR, bool kFuse = false>
+template <bool kBackward, typename T, int kBt, int kR, bool kFuse = false, bool kMma = false>
 constexpr auto kernel_fn() {
   if constexpr (kBackward)
     return persistent_bwd_kernel<T, kBt, kR>;
   else
-    return persistent_fwd_kernel<T, kBt, kR, kFuse>;
+    return persistent_fwd_kernel<T, kBt, kR, kFuse, kMma>;
 }
 
-// f(kernel) for the kernel of geometry reg kr (0, 4 or 8), tile batch kbt (kr 0 only) and fuse
-// (the forward's geometry_fused).
+// f(kernel) for the kernel of geometry reg kr (0, 4 or 8), tile batch kbt (kr 0 only), fuse
+// (the forward's geometry_fused) and mma (the forward's geometry_mma, 16-bit dtypes).
 template <bool kBackward, typename T, typename F>
-decltype(auto) with_kernel(int kr, int kbt, bool fuse, F&& f) {
-  if constexpr (!kBackward)
+decltype(auto) with_kernel(int kr, int kbt, bool fuse, F&& f, bool mma = false) {
+  if constexpr (!kBackward) {
     if (fuse) return f(kernel_fn<false, T, kRegBt, 4, true>());
+    if constexpr (!std::is_same_v<T, float>)
+      if (mma) return f(kernel_fn<false, T, kRegBt, 0, false, true>());
+  }
   return with_reg_rows(kr, [&]<int kR>() {
     if constexpr (kR > 0)
       return f(kernel_fn<kBackward, T, kRegBt, kR>());
@@ -1042,10 +1254,11 @@ decltype(auto) with_kernel(int kr, int kbt, bool fuse, F&& f) {
   });
 }
 
-const void* kernel_of(bool backward, DType dtype, int kbt, int kr, bool fuse = false) {
+const void* kernel_of(bool backward, DType dtype, int kbt, int kr, bool fuse = false, bool mma = false) {
   return dispatch_dtype(dtype, [&]<typename T>() {
     auto as_void = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
-    return backward ? with_kernel<true, T>(kr, kbt, false, as_void) : with_kernel<false, T>(kr, kbt, fuse, as_void);
+    return backward ? with_kernel<true, T>(kr, kbt, false, as_void)
+                    : with_kernel<false, T>(kr, kbt, fuse, as_void, mma);
   });
 }
 
@@ -1101,13 +1314,14 @@ std::optional<Geometry> plan(bool backward, const Shape& s) {
   const int64_t sm_units = (H + s.device.sm_count - 1) / s.device.sm_count, sm_grid = (H + sm_units - 1) / sm_units;
   auto resident_reg = [&](Geometry r) {
     if (r.smem > s.device.smem_per_block_optin ||
-        sm_grid > resident_clusters(kernel_of(backward, s.dtype, kbt, r.reg, r.fuse != 0), kThreads, 1,
+        sm_grid > resident_clusters(kernel_of(backward, s.dtype, kbt, r.reg, r.fuse != 0, r.mma != 0), kThreads, 1,
                                     static_cast<std::size_t>(r.smem), 1, s.device))
       return;
     r.grid = static_cast<int>(sm_grid);
     found = r;
   };
   if (!found && !backward && sm_grid > 1) resident_reg(geometry_fused(s, sm_units));
+  if (!found && !backward && sm_grid > 1) resident_reg(geometry_mma(s, sm_units));
   if (!found) resident_reg(geometry_reg(backward, s, sm_units));
   if (!found && attempt(sm_units, g) == 1) found = g;
   // At most 2048 threads an SM: a lower bound on the units a block needs.
@@ -1200,12 +1414,17 @@ cudaError_t persistent_forward(const FwdParams& p, cudaStream_t stream) {
     a.y = static_cast<T*>(p.y), a.h_n = static_cast<T*>(p.h_n), a.c_n = static_cast<T*>(p.c_n);
     a.gates = ws.gates, a.cs = ws.cs, a.hs = ws.hs;
     a.hd = reinterpret_cast<void*>(ws.hd) == reinterpret_cast<void*>(ws.hs) ? nullptr : ws.hd;
-    if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch, s.hidden,
-                                         history_ld(s.hidden), stream);
-        e != cudaSuccess)
+    if (geo->x16) {  // the exchange is hd (geometry_mma's x16): every value of it empty, no pads
+      const std::size_t bytes = static_cast<std::size_t>((s.steps + 1) * s.batch * s.hidden) * sizeof(T);
+      if (const cudaError_t e = cudaMemsetAsync(ws.hd, kEmptyByte, bytes, stream); e != cudaSuccess) return e;
+    } else if (const cudaError_t e = mark_empty(*geo, s.batch, ws.hs, (s.steps + 1) * s.batch, s.hidden,
+                                                history_ld(s.hidden), stream);
+               e != cudaSuccess) {
       return e;
-    return with_kernel<false, T>(geo->reg, tile_batch(s.batch), geo->fuse != 0,
-                                 [&](auto kernel) { return launch_cooperative(kernel, *geo, stream, a); });
+    }
+    return with_kernel<false, T>(
+        geo->reg, tile_batch(s.batch), geo->fuse != 0,
+        [&](auto kernel) { return launch_cooperative(kernel, *geo, stream, a); }, geo->mma != 0);
   });
 }
 

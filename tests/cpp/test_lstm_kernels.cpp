@@ -556,6 +556,13 @@ TEST(LstmKernels, PersistentCoversItsGeometries) {
     cases.push_back({3, 9, 5, sms, d, false, true, true, false});         // fused forward, 3 batch tiles
     // fused, 8 units a block (132 SMs: H = 956, 120 blocks, the last with 4 units)
     cases.push_back({4, 4, 6, std::max<int64_t>(8 * sms - 100, 7 * sms + 1), d, true, false, false, true});
+    // 16-bit dtypes, tensor-core products (geometry_mma; the units a block as on 132 SMs): 4 units, a
+    // thread a cell, h exchanged in the dtype; 8 units, several cells a thread, in the dtype,
+    // reverse; 8 units, H no multiple of 8 (the float exchange); 8 units, two batch chunks.
+    cases.push_back({4, 32, 8, 512, d, true, true, false, true});
+    cases.push_back({3, 64, 5, 1024, d, false, true, true, false});
+    cases.push_back({3, 32, 7, 1020, d, true, false, false, true});
+    cases.push_back({2, 256, 4, 1024, d, true, true, false, false});
   }
   std::vector<int> ran;
   const std::vector<const Variant*> one = {v};
@@ -623,7 +630,10 @@ TEST(LstmKernels, PersistentFinishesOnNanInputs) {
   if (const auto reason = no_gpu_reason(); !reason.empty()) GTEST_SKIP() << reason;
   const Variant* v = find("persistent");
   for (const Case& c : {Case{3, 2, 4, 300, DType::kFloat32, true, true, false, true},
-                        Case{3, 2, 4, 8, DType::kFloat32, true, true, true, true}}) {
+                        Case{3, 2, 4, 8, DType::kFloat32, true, true, true, true},
+                        // h exchanged in the dtype (geometry_mma, 132 SMs), the mark's halves as data
+                        Case{3, 32, 4, 512, DType::kBFloat16, true, true, false, true},
+                        Case{3, 32, 4, 512, DType::kFloat16, true, true, true, true}}) {
     if (!v->supports(c.shape())) continue;
     Problem p(c);
     const unsigned nan_bits[2] = {0xffffffffu, 0x7fc00000u};  // the empty mark's bits, and a quiet NaN
@@ -633,8 +643,8 @@ TEST(LstmKernels, PersistentFinishesOnNanInputs) {
 }
 
 // Not a check: microseconds a step of the persistent variant's forward and backward (each with its
-// GEMMs, as the op runs them; the best of 5 runs) over H = 8 .. 985 x B = 1, 4, 32, T = 1000 (issue
-// 12's table). On the device:
+// GEMMs, as the op runs them; the best of 5 runs) over H = 8 .. 1,024 x B = 1 .. 64, T = 1000 (issue
+// 12's table and batches between). On the device:
 //   hfnn_kernel_tests --gtest_also_run_disabled_tests --gtest_filter='LstmKernels.DISABLED_PersistentTiming*'
 }  // namespace
 
@@ -678,7 +688,7 @@ TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
   };
   std::vector<Timed> shapes;
   for (const int64_t H : {8, 32, 128, 512, 985, 1024})
-    for (const int64_t B : {1, 4, 32}) shapes.push_back({1000, B, H});
+    for (const int64_t B : {1, 4, 16, 32, 64}) shapes.push_back({1000, B, H});
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) cudaEventCreate(&e);
   for (const DType d : {DType::kFloat32, DType::kBFloat16}) {
