@@ -322,7 +322,9 @@ Geometry geometry_mma(const Shape& s, int64_t units) {
     return g;
   const int64_t H = s.hidden, B = s.batch, rows = 4 * units, kp = (H + 3) / 4 * 4;
   const int64_t mt = (rows + 15) / 16, kt = (H + 15) / 16;
-  if (mt > kMmaMt || kt > kWarps * kMmaKw) return g;
+  // Several blocks: the on-chip path (one block) writes h_t into v at kp, not vld (plan() asks
+  // only then; this keeps the geometry from claiming it).
+  if (mt > kMmaMt || kt > kWarps * kMmaKw || (H + units - 1) / units < 2) return g;
   // x16: rows of 16-bit pairs, kt * 8 words and up to 4 mod 32; else floats, kt * 16 and up to 8 mod 32.
   const bool x16 = units % 2 == 0 && H % 8 == 0;
   const int64_t row = x16 ? kt * 8 : kt * 16, want = x16 ? 4 : 8;
@@ -616,11 +618,13 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-template <bool kCopy>
+// kStrided: v's rows vld floats apart (geometry_mma's), else packed (vld unused; a strided store in
+// the register loop below made two instances spill 8 bytes).
+template <bool kCopy, bool kStrided = false>
 __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float* src, int b0, int nb, int len,
                                               int kp, int vld = 0) {
   const int n = nb * kp;
-  if (vld == 0) vld = kp;  // v's rows vld floats apart (geometry_mma's), else packed
+  if (!kStrided) vld = kp;
   const float* base = src + static_cast<int64_t>(b0) * len;
   // kCopy, rows of a multiple of 4 (hs's, padded with zeros since 2026-11-26: (985, 32) float32
   // 30.0 -> 19.8 us a forward step, H100) from a 16-byte aligned source: every 16 bytes of
@@ -695,7 +699,7 @@ __device__ __forceinline__ void stage_polling(float* __restrict__ v, const float
 #pragma unroll
     for (int j = 0; j < kStageBatch; ++j) {
       const int idx = i0 + j * kThreads + static_cast<int>(threadIdx.x);
-      if (idx < n) v[vld == kp ? idx : idx / kp * vld + idx % kp] = __uint_as_float(x[j]);
+      if (idx < n) v[kStrided ? idx / kp * vld + idx % kp : idx] = __uint_as_float(x[j]);
     }
   }
 }
@@ -944,7 +948,11 @@ __global__ void __launch_bounds__(kThreads, kR > 0 || kMma ? 1 : 2) persistent_f
         if (!chip) {
           // (v's last readers, the products of the chunk before, finished before the barrier after
           // them; acc's, the gate phase before, finish before the barrier below.)
-          stage_polling<true>(v, h_prev, b0, nb, hlen, hlen, geo.vld);  // waits for every block's h_{t-1} of the chunk
+          // waits for every block's h_{t-1} of the chunk
+          if constexpr (kMma)
+            stage_polling<true, true>(v, h_prev, b0, nb, hlen, hlen, geo.vld);
+          else
+            stage_polling<true>(v, h_prev, b0, nb, hlen, hlen);
           __syncthreads();                          // v filled by every thread before any warp's products
         }
         HFNN_PHASE(0)

@@ -563,6 +563,13 @@ TEST(LstmKernels, PersistentCoversItsGeometries) {
     cases.push_back({3, 64, 5, 1024, d, false, true, true, false});
     cases.push_back({3, 32, 7, 1020, d, true, false, false, true});
     cases.push_back({2, 256, 4, 1024, d, true, true, false, false});
+    // The edges (as on 132 SMs): a batch no multiple of 8 (the last n tile's rows repeated); x16
+    // with a ragged last block (H = 664, 6 units, units 664-665 past H); 5 units a block (the float
+    // exchange, pairs would cross blocks); k tiles no multiple of the warps (H = 520: 33).
+    cases.push_back({3, 20, 6, 1024, d, true, true, false, true});
+    cases.push_back({3, 32, 5, 664, d, false, true, true, true});
+    cases.push_back({3, 32, 9, 640, d, true, false, false, false});
+    cases.push_back({3, 32, 4, 520, d, true, true, true, false});
   }
   std::vector<int> ran;
   const std::vector<const Variant*> one = {v};
