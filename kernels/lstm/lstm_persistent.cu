@@ -896,6 +896,15 @@ __global__ void __launch_bounds__(kThreads, kR > 0 || kMma ? 1 : 2) persistent_f
     }
   };
 
+  // x16: h of the cell at e (unit j of the block, a cell only where `cell`) and the next lane's, the
+  // next unit (units even), as one store, before the cell's other stores (after them, the wait grew
+  // by 1-2 us a step at hidden 512, batch 16). Every lane of the warp calls it (the shuffle).
+  auto put_pair = [&](int64_t slot, float h, bool cell, int j, int64_t e) {
+    if (!x16) return;
+    const float next_h = __shfl_down_sync(0xffffffffu, h, 1);
+    if (cell && (j & 1) == 0) store_exchange_pair(a.hd + slot * BH + e, h, next_h);
+  };
+
   if constexpr (kFuse) {  // geometry_fused: the gate phase in the product warps (chip is false)
     const RegPlace at = reg_place(geo);
     const int lane = tid % 32, j = at.rg, unit = unit0 + j, b = at.team * kRegBt + lane / 2;
@@ -980,12 +989,7 @@ __global__ void __launch_bounds__(kThreads, kR > 0 || kMma ? 1 : 2) persistent_f
             c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[tid]);
             c_state[tid] = c.c;
           }
-          // x16: the next unit's h is the next lane's (units even), one store for the pair, before
-          // the cell's other stores (after them, its wait grew by 1-2 us a step at hidden 512, batch 16).
-          if (x16) {
-            const float next_h = __shfl_down_sync(0xffffffffu, c.h, 1);
-            if (mine && (my_j & 1) == 0) store_exchange_pair(a.hd + out_slot * BH + my_e, c.h, next_h);
-          }
+          put_pair(out_slot, c.h, mine, my_j, my_e);
           if (mine) put_cell(c, my_b, unit0 + my_j, my_e, a.gates + t * B * G + my_row, t, out_slot, s + 1 == a.steps);
         } else {
           // Every thread through the same rounds (x16's shuffle pairs lanes idx and idx + 1).
@@ -1006,11 +1010,7 @@ __global__ void __launch_bounds__(kThreads, kR > 0 || kMma ? 1 : 2) persistent_f
               c = cell_forward(pre[0], pre[1], pre[2], pre[3], c_state[si]);
               c_state[si] = c.c;
             }
-            if (x16) {  // as in the path above: the pair's store first
-              const float next_h = __shfl_down_sync(0xffffffffu, c.h, 1);
-              if (cell && (j & 1) == 0)
-                store_exchange_pair(a.hd + out_slot * BH + static_cast<int64_t>(b) * H + unit, c.h, next_h);
-            }
+            put_pair(out_slot, c.h, cell, j, static_cast<int64_t>(b) * H + unit);
             if (!cell) continue;
             put_cell(c, b, unit, static_cast<int64_t>(b) * H + unit, g, t, out_slot, s + 1 == a.steps);
             if (s + 1 < a.steps && !own_one) {  // the next step's projection, from HBM into L2 while this step finishes
