@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
@@ -653,6 +654,7 @@ TEST(LstmKernels, PersistentFinishesOnNanInputs) {
 // GEMMs, as the op runs them; the best of 5 runs) over H = 8 .. 1,024 x B = 1 .. 64, T = 1000 (issue
 // 12's table and batches between). On the device:
 //   hfnn_kernel_tests --gtest_also_run_disabled_tests --gtest_filter='LstmKernels.DISABLED_PersistentTiming*'
+// (HFNN_LSTM_TIMING_DTYPE=bfloat16 or float32 times that dtype alone: half the run, for an A/B.)
 }  // namespace
 
 namespace detail {
@@ -698,7 +700,10 @@ TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
     for (const int64_t B : {1, 4, 16, 32, 64}) shapes.push_back({1000, B, H});
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) cudaEventCreate(&e);
+  // HFNN_LSTM_TIMING_DTYPE=bfloat16 (or float32): that dtype alone.
+  const char* only = std::getenv("HFNN_LSTM_TIMING_DTYPE");
   for (const DType d : {DType::kFloat32, DType::kBFloat16}) {
+    if (only && only[0] && std::string(dtype_name(d)) != only) continue;
     for (const Timed& k : shapes) {
       const Case c{k.T, k.B, k.H, k.H, d, false, true, false, false};
       if (!v->supports(c.shape())) {
