@@ -54,6 +54,8 @@
 #             scripts/device_wheel.sh --lstm-phases; each shape's line, then its phases)
 #   lstm-steps  bench/lstm_steps.py: the persistent LSTM kernel's us per step (C++ timing test, 2 rounds;
 #             $LSTM_STEPS_VERSION names the build in the records)
+#   lstm-ab   bench/lstm_steps.py --ab $LSTM_AB_SWITCH: one build's environment switch at 1 and 0 in
+#             turn ($LSTM_AB_ROUNDS each, default 2; $LSTM_AB_DTYPE: bfloat16 or float32 alone)
 #   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
 #             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
@@ -336,6 +338,16 @@ if want lstm-steps; then
   timeout ${LSTM_TIMEOUT:-560} python3 bench/lstm_steps.py --tests "$tests_bin" --version "${LSTM_STEPS_VERSION:-this build}" \
     --commit "$(git rev-parse --short HEAD 2>/dev/null || true)" --out "$OUT/lstm_persistent_steps-$gpu.json" \
     2>&1 | tee "$OUT/lstm-steps.log" | tail -40; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want lstm-ab; then
+  if [ -z "${LSTM_AB_SWITCH:-}" ]; then
+    echo "lstm-ab: set LSTM_AB_SWITCH to the build's switch (an environment variable, e.g. HFNN_LSTM_BWD_MMA)"; status=1
+  else
+    timeout ${LSTM_TIMEOUT:-560} python3 bench/lstm_steps.py --tests "$tests_bin" --version "${LSTM_STEPS_VERSION:-this build}" \
+      --commit "$(git rev-parse --short HEAD 2>/dev/null || true)" --ab "$LSTM_AB_SWITCH" --rounds "${LSTM_AB_ROUNDS:-2}" \
+      ${LSTM_AB_DTYPE:+--dtype "$LSTM_AB_DTYPE"} --out "$OUT/lstm_ab-$gpu.json" \
+      2>&1 | tee "$OUT/lstm-ab.log" | tail -70; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 if want lstm; then
   timeout ${LSTM_TIMEOUT:-560} python3 bench/lstm.py --out "$OUT/lstm-$gpu.json" ${LSTM_ARGS:-} 2>&1 | tee "$OUT/lstm.log" | tail -80

@@ -683,6 +683,36 @@ def bench_module():
     return mod
 
 
+def test_lstm_steps_ab_alternates_the_switch_and_keeps_each_settings_medians(tmp_path):
+    """bench/lstm_steps.py --ab NAME (the lstm-ab stage): the timing test runs with NAME at 1, then 0,
+    --rounds times each; each setting's records carry its value, and each shape's ratio is printed.
+    A stand-in for the C++ test binary prints step times from its environment."""
+    fake = tmp_path / "hfnn_kernel_tests"
+    log = tmp_path / "calls"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$HFNN_AB_SWITCH ${{HFNN_LSTM_TIMING_DTYPE:-all}}\" >> {log}\n"
+        "if [ \"$HFNN_AB_SWITCH\" = 1 ]; then bwd=10.00; else bwd=15.00; fi\n"
+        "echo \"[ LSTM     ] persistent T1000 B32 I1024 H1024 bfloat16 bias: fwd 8.00 us/step, "
+        "bwd $bwd us/step, fwd+bwd 18.000 ms\"\n")
+    fake.chmod(0o755)
+    steps = BENCH.parent / "lstm_steps.py"
+    out_json = tmp_path / "ab.json"
+    out = subprocess.run([sys.executable, str(steps), "--tests", str(fake), "--version", "trial", "--ab", "HFNN_AB_SWITCH",
+                          "--rounds", "2", "--dtype", "bfloat16", "--out", str(out_json)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().split("\n")[:4] == ["1 bfloat16", "0 bfloat16", "1 bfloat16", "0 bfloat16"]
+    records = json.loads(out_json.read_text())
+    by = {r["switch"]["HFNN_AB_SWITCH"]: r for r in records}
+    assert set(by) == {"1", "0"} and by["1"]["bwd_us_per_step"] == 10.0 and by["0"]["bwd_us_per_step"] == 15.0
+    assert by["1"]["version"] == "trial, HFNN_AB_SWITCH=1" and by["1"]["rounds"] == 2
+    assert "bwd  10.00 /  15.00 (1.50x)" in out.stdout
+    bad = subprocess.run([sys.executable, str(steps), "--tests", str(fake), "--version", "t", "--ab", "not a name"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--ab" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark runs")
 def test_bench_says_it_needs_a_gpu():
     out = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=120)
