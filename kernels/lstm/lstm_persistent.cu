@@ -173,6 +173,16 @@ struct Geometry {
 
 int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
+// A geometry's shared memory, in order: the weights (w bytes), the staging buffer (v), the partial
+// sums (acc), the state, the biases; smem is their total.
+void place(Geometry& g, int64_t w, int64_t v, int64_t acc, int64_t state, int64_t bias) {
+  g.off_v = static_cast<int>(w);
+  g.off_acc = g.off_v + static_cast<int>(v);
+  g.off_state = g.off_acc + static_cast<int>(acc);
+  g.off_bias = g.off_state + static_cast<int>(state);
+  g.smem = g.off_bias + static_cast<int>(bias);
+}
+
 int tile_batch(int64_t batch) { return batch == 1 ? 1 : batch == 2 ? 2 : 4; }
 
 // The geometry of `units` units a block; smem is what it needs (above the opt-in limit where it
@@ -199,11 +209,7 @@ Geometry geometry(bool backward, const Shape& s, int64_t units, int kbt) {
   }
   g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
   g.bs = static_cast<int>(bs), g.parts = static_cast<int>(parts);
-  g.off_v = static_cast<int>(w_bytes);
-  g.off_acc = g.off_v + static_cast<int>(align16(bs * kp * 4));
-  g.off_state = g.off_acc + static_cast<int>(align16(parts * rows * bs * 4));
-  g.off_bias = g.off_state + static_cast<int>(state);
-  g.smem = static_cast<int>(smem);
+  place(g, w_bytes, align16(bs * kp * 4), align16(parts * rows * bs * 4), state, bias);
   return g;
 }
 
@@ -254,11 +260,7 @@ Geometry geometry_reg(bool backward, const Shape& s, int64_t units) {
       g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
       g.bs = static_cast<int>(bs), g.parts = static_cast<int>(parts);
       g.reg = kr, g.groups = static_cast<int>(groups), g.teams = static_cast<int>(teams);
-      g.off_v = 0;
-      g.off_acc = static_cast<int>(align16(bs * kp * 4));
-      g.off_state = g.off_acc + static_cast<int>(align16(parts * rows * bs * 4));
-      g.off_bias = g.off_state + static_cast<int>(state);
-      g.smem = static_cast<int>(smem);
+      place(g, 0, align16(bs * kp * 4), align16(parts * rows * bs * 4), state, bias);
       return g;
     }
     if (bs == 1) return g;
@@ -291,9 +293,7 @@ Geometry geometry_fused(const Shape& s, int64_t units) {
   g.units = static_cast<int>(units), g.rows = static_cast<int>(rows), g.kp = static_cast<int>(kp);
   g.bs = static_cast<int>(B), g.parts = 1, g.reg = 4, g.groups = static_cast<int>(groups);
   g.teams = static_cast<int>(teams), g.fuse = 1;
-  g.off_v = 0, g.off_acc = static_cast<int>(2 * vbytes), g.off_state = g.off_acc;
-  g.off_bias = g.off_state + static_cast<int>(state);
-  g.smem = static_cast<int>(smem);
+  place(g, 0, 2 * vbytes, 0, state, bias);
   return g;
 }
 
@@ -338,11 +338,7 @@ Geometry geometry_mma(const Shape& s, int64_t units) {
       g.bs = static_cast<int>(bs), g.parts = static_cast<int>(parts);
       g.mma = 1, g.mt = static_cast<int>(mt), g.kt = static_cast<int>(kt), g.vld = static_cast<int>(vld);
       g.ald = static_cast<int>(ald), g.x16 = x16 ? 1 : 0;
-      g.off_v = 0;
-      g.off_acc = static_cast<int>(align16(bs * vld * 4));
-      g.off_state = g.off_acc + static_cast<int>(align16(parts * rows * ald * 4));
-      g.off_bias = g.off_state + static_cast<int>(state);
-      g.smem = static_cast<int>(smem);
+      place(g, 0, align16(bs * vld * 4), align16(parts * rows * ald * 4), state, bias);
       return g;
     }
     if (bs == 1) return g;

@@ -702,6 +702,8 @@ TEST(LstmKernels, DISABLED_PersistentTimingPrintsMicrosecondsAStep) {
   for (cudaEvent_t& e : ev) cudaEventCreate(&e);
   // HFNN_LSTM_TIMING_DTYPE=bfloat16 (or float32): that dtype alone.
   const char* only = std::getenv("HFNN_LSTM_TIMING_DTYPE");
+  ASSERT_TRUE(!only || !only[0] || std::string(only) == "float32" || std::string(only) == "bfloat16")
+      << "HFNN_LSTM_TIMING_DTYPE=" << only << ": give float32 or bfloat16 (or leave it unset for both)";
   for (const DType d : {DType::kFloat32, DType::kBFloat16}) {
     if (only && only[0] && std::string(dtype_name(d)) != only) continue;
     for (const Timed& k : shapes) {
