@@ -7,9 +7,12 @@
 //                               are narrow enough.
 //   fwd_wide_c{2,4,8,16},       The row split over the N blocks of a thread-block cluster (Hopper),
 //   bwd_wide_c{2,4,8,16}        each block holding its part in registers; the parts' sums meet
-//                               through distributed shared memory, one cluster barrier per row. The
-//                               widest rows fit (registers of up to 16 blocks), and few wide rows
-//                               still fill every SM: 1,365 rows of 12,288 make 1,365 x N blocks.
+//                               through distributed shared memory, one cluster barrier per row
+//                               (the backward's pushed into each block before it, the forward's
+//                               read from the others after it: bench/README.md, "The cluster's
+//                               exchange pushed in the wide backward"). The widest rows fit
+//                               (registers of up to 16 blocks), and few wide rows still fill every
+//                               SM: 1,365 rows of 12,288 make 1,365 x N blocks.
 //   fwd_wide_c{1,...,16}_ps     The forward on a persistent grid (as many clusters as run at once),
 //                               each block converting its part of gamma and beta once into shared
 //                               memory as floats: faster where a cluster visits many rows, slower
@@ -461,12 +464,13 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 template <typename T, int kNv, int kBytes, bool kSmemSums = false, bool kWin = false>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
-    bwd_wide_kernel(const BwdParams p, const int64_t part) {
+    bwd_wide_kernel(const BwdParams p, const int64_t part, const int inbox) {
   static_assert(!kWin || (!kSmemSums && kBytes == 16));
   constexpr bool kRegSums = !kSmemSums && !kWin;  // dgamma/dbeta summed in registers
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
   // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
-  // for the block's columns as floats, in load_staged's layout (bwd_smem_bytes).
+  // for the block's columns as floats, in load_staged's layout; in a cluster, from float `inbox` on,
+  // the row-groups' sums the cluster's blocks push (bwd_smem_bytes).
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kW = kV < 4 ? kV : 4;    // floats of a sum vector
@@ -482,7 +486,6 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float2 slots[2][kMaxGroupRows];  // the cluster's exchange (Hopper only)
   const cg::cluster_group cluster = cg::this_cluster();
 #endif
   const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
@@ -603,10 +606,18 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     sums = group_total(sums, red[parity]);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (C > 1) {
-      if (lane == 0) slots[parity][group] = sums;
+      // Pushed: the group's first C lanes store its sums into slot `rank` of each block's inbox
+      // before the barrier (remote stores, nothing waits for them), and after it every warp reads
+      // its own block's C slots. Pulling them (every warp loading the C slots from the other
+      // blocks after the barrier) was 2-16% slower at the median by cluster size, most with 16
+      // (H100, 16M elements; bench/README.md, "The cluster's exchange pushed in the wide
+      // backward"). The inbox is double-buffered by iteration: a block writes slot `parity` again
+      // two iterations on, after a barrier that every reader of this one has passed.
+      float2* const box = reinterpret_cast<float2*>(fold + inbox) + (parity * blockDim.y + group) * C;
+      if (lane < C) *cluster.map_shared_rank(box + rank, lane) = sums;
       cluster.sync();
       const int r = lane % 32;
-      const float2 o = r < C ? *cluster.map_shared_rank(&slots[parity][group], r) : make_float2(0.f, 0.f);
+      const float2 o = r < C ? box[r] : make_float2(0.f, 0.f);
       sums = make_float2(group_sum<32>(o.x), group_sum<32>(o.y));
     }
 #endif
@@ -709,7 +720,9 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (C > 1) cluster.sync();  // no block leaves while another may still read its slots
+  // (The push needs no barrier here: every remote store precedes a barrier its target waits on.
+  // Kept as measured.)
+  if (C > 1) cluster.sync();
 #endif
 }
 
@@ -764,13 +777,25 @@ std::size_t fwd_smem_bytes(const WideShape& s, DType dtype) {
          sizeof(float);
 }
 
-// The backward's shared memory: its sums or fold, then gamma as floats for the block's columns.
-std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums = false) {
+// The backward's shared memory: its sums or fold, then gamma as floats for the block's columns;
+// in a cluster then, 16-byte aligned, the inbox (2 x rows x cluster float2: bwd_inbox_at).
+std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
   const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
   const std::size_t gamma = static_cast<std::size_t>(s.part) * vec * sizeof(float);
   if (smem_sums)  // 2 x nv x vec float sums for each thread of the largest block (the slots' stride)
     return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float) + gamma;
   return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
+}
+std::size_t bwd_inbox_offset(const WideShape& s, DType dtype, bool smem_sums) {
+  return (bwd_own_bytes(s, dtype, smem_sums) + 15) / 16 * 16;
+}
+std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
+  if (cluster < 2) return bwd_own_bytes(s, dtype, smem_sums);
+  return bwd_inbox_offset(s, dtype, smem_sums) + 2 * static_cast<std::size_t>(s.rows) * cluster * 2 * sizeof(float);
+}
+// Where the inbox starts, in floats (the kernels' last argument; unused without a cluster).
+int bwd_inbox_at(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
+  return cluster < 2 ? 0 : static_cast<int>(bwd_inbox_offset(s, dtype, smem_sums) / sizeof(float));
 }
 
 // Clusters of the backward's persistent grid: enough for every row-group, no more than fit at once,
@@ -786,8 +811,8 @@ template <typename K>
 int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster, bool smem_sums) {
   const int64_t needed = (p.rows + s.rows - 1) / s.rows;
   const int64_t resident =
-      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, bwd_smem_bytes(s, p.dtype, smem_sums),
-                        cluster, p.device);
+      resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows,
+                        bwd_smem_bytes(s, p.dtype, smem_sums, cluster), cluster, p.device);
   const int64_t traffic_cap = p.rows * static_cast<int64_t>(dtype_size(p.dtype)) / 16;
   const int64_t fill = (p.device.sm_count + cluster - 1) / cluster;
   const int64_t cap = traffic_cap > fill ? traffic_cap : fill;
@@ -874,7 +899,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums);
+  const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, s, smem, kCluster, p.device)
                       ? cudaSuccess
@@ -910,12 +935,13 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
     }
-    const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums);
+    const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
     const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster, kSmemSums), p);
     if (clusters < 1) return cudaErrorInvalidValue;
-    if (const cudaError_t err = launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)),
-                                       dim3(s.threads, s.rows), smem, stream, kCluster, p, s.part);
+    if (const cudaError_t err =
+            launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                   kCluster, p, s.part, bwd_inbox_at(s, p.dtype, kSmemSums, kCluster));
         err != cudaSuccess)
       return err;
     return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(clusters), stream);
@@ -985,7 +1011,7 @@ bool bwd_wide_win_supports(const BwdParams& p) {
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma})) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = bwd_smem_bytes(s, p.dtype);
+  const std::size_t smem = bwd_smem_bytes(s, p.dtype, false, kCluster);
   return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
              auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true>;
@@ -1014,12 +1040,12 @@ cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
       }
-      const std::size_t smem = bwd_smem_bytes(s, p.dtype);
+      const std::size_t smem = bwd_smem_bytes(s, p.dtype, false, kCluster);
       if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
       const int64_t clusters = window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype);
       if (clusters < 1) return cudaErrorInvalidValue;
       return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                    kCluster, p, s.part);
+                    kCluster, p, s.part, bwd_inbox_at(s, p.dtype, false, kCluster));
     }
   });
 }
