@@ -4,18 +4,8 @@
 # committed) at other divisors, after the pushed exchange, same build, same call. On an H200 it
 # runs the issues' H200 benchmarks instead (LSTM, then attention).
 #   bash bench/experiments/ln_cap_run.sh            (on the device, from the repository root)
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/hfnn-out}
-mkdir -p "$OUT"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $gpu"
-bash scripts/device_run.sh none > /dev/null 2>&1 || { echo "install failed"; exit 1; }
-if [[ "$gpu" == *H200* ]]; then
-  LSTM_ARGS="--configs 0 1 --dtypes float32 bfloat16" LSTM_TIMEOUT=240 bash scripts/device_run.sh lstm
-  MHA_TIMEOUT=300 bash scripts/device_run.sh mha
-  exit
-fi
+source bench/experiments/device_start.sh
 configs="base:"
 for div in ${CAP_DIVS:-8 24 32}; do configs="$configs d$div:HFNN_LN_CAP_DIV=$div"; done
 timeout 300 python3 bench/layer_norm_bwd_configs.py --configs $configs \

@@ -6,19 +6,8 @@
 # it runs the issues' H200 benchmarks instead (LSTM, then attention), which no call had reached
 # since the sixth session.
 #   bash bench/experiments/ln_push_run.sh            (on the device, from the repository root)
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/hfnn-out}
-mkdir -p "$OUT"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $gpu"
-bash scripts/device_run.sh none > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
-tail -3 "$OUT/install.log"
-if [[ "$gpu" == *H200* ]]; then
-  LSTM_ARGS="--configs 0 1 --dtypes float32 bfloat16" LSTM_TIMEOUT=240 bash scripts/device_run.sh lstm
-  MHA_TIMEOUT=300 bash scripts/device_run.sh mha
-  exit
-fi
+source bench/experiments/device_start.sh
 # Correct first: every variant at the wide widths (the clusters' exchange only runs there), each mode.
 for mode in ${PUSH_MODES:-1 2 3}; do
   HFNN_LN_PUSH=$mode timeout ${PUSH_TEST_TIMEOUT:-100} python3 -m pytest tests/python/test_layer_norm_widths.py -q \
