@@ -500,6 +500,12 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   const bool want_params = p.dgamma || p.dbeta;
   wait_for_previous_grid();
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The first row's push stores into the other blocks' shared memory, which is only allowed once
+  // every block of the cluster has started: a cluster barrier, its wait after the first row's
+  // loads and gamma's staging (below), before the loop.
+  if (C > 1) cluster.barrier_arrive();
+#endif
 
   // A thread owns the same columns for the whole kernel: dgamma/dbeta summed in registers (in its
   // shared-memory slots with kSmemSums). gamma is converted once, by the block, into shared memory
@@ -550,6 +556,9 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   else
     stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);
   __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) cluster.barrier_wait();  // every block of the cluster has started (above)
+#endif
   int parity = 0;
   for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
     Pack<T, kBytes> xs[kNv], ds[kNv];
