@@ -15,6 +15,7 @@ ap.add_argument("--shape", type=int, nargs="+", required=True, help="input shape
 ap.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
 ap.add_argument("--variant", required=True, help="a name from `hfnn variants`")
 ap.add_argument("--runs", type=int, default=5)
+ap.add_argument("--dx-only", action="store_true", help="the backward without dgamma/dbeta (mask [True, False, False])")
 args = ap.parse_args()
 
 dtype = getattr(torch, args.dtype)
@@ -28,5 +29,5 @@ for _ in range(args.runs):
     if args.variant.startswith("fwd"):
         torch.ops.hfnn.layer_norm_fwd(x, [d], w, b, 1e-5, args.variant)
     else:
-        torch.ops.hfnn.layer_norm_bwd(dy, x, [d], mean, rstd, w, b, [True, True, True], args.variant)
+        torch.ops.hfnn.layer_norm_bwd(dy, x, [d], mean, rstd, w, b, [True, not args.dx_only, not args.dx_only], args.variant)
 torch.cuda.synchronize()

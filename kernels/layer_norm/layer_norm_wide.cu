@@ -7,10 +7,10 @@
 //                               are narrow enough.
 //   fwd_wide_c{2,4,8,16},       The row split over the N blocks of a thread-block cluster (Hopper),
 //   bwd_wide_c{2,4,8,16}        each block holding its part in registers; the parts' sums meet
-//                               through distributed shared memory, one cluster barrier per row
-//                               (the backward's pushed into each block before it, the forward's
-//                               read from the others after it: bench/README.md, "The cluster's
-//                               exchange pushed in the wide backward"). The widest rows fit
+//                               through distributed shared memory, pushed into each block's inbox
+//                               by st.async and counted on an mbarrier, no cluster barrier a row
+//                               (cluster_push; bench/README.md, "The clusters' exchange by st.async
+//                               and mbarriers"). The widest rows fit
 //                               (registers of up to 16 blocks), and few wide rows still fill every
 //                               SM: 1,365 rows of 12,288 make 1,365 x N blocks.
 //   fwd_wide_c{1,...,16}_ps     The forward on a persistent grid (as many clusters as run at once),
@@ -44,6 +44,7 @@
 // dgamma and dbeta in registers, folded at the end into one partial row per cluster, which
 // reduce_partials sums in a fixed order. Every sum has a fixed order: bit-identical results.
 #include <cooperative_groups.h>
+#include <cuda/ptx>
 
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_param_sums.cuh"
@@ -215,6 +216,45 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
   return w;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The clusters' exchange, one a row (forward: each block's partial mean and M2 of the row; backward:
+// its two sums). Every block has an inbox of [2][row-groups][C] float2 and an mbarrier for each
+// half, double-buffered by iteration `it`: the row-group's first C lanes store its pair into slot
+// `rank` of block `lane`'s inbox by st.async, which counts the 8 bytes on that block's mbarrier;
+// one thread of each block arrives expecting C x groups x 8 bytes, and every thread waits for the
+// phase of iteration `it` (parity it & 1, phase (it >> 1) & 1), then reads its block's slots. No
+// cluster barrier: barrier.cluster.arrive releases the thread's earlier stores, so each row waited
+// for the previous row's global stores to complete (Nsight Compute: the "membar" stall, 2.0-2.5
+// warps an issue, the largest); st.async's bytes are ordered by the mbarrier alone. The H100 wide
+// backward went from 73-76% to 79-81% of copy bandwidth at 4,096-12,288 16-bit columns, the
+// forward 1.06-1.24x (bench/README.md, "The clusters' exchange by st.async and mbarriers").
+// A buffer is written again two iterations on, which a block can only reach once every block has
+// pushed the iteration between, after reading this one: the data dependences order the reuse.
+// Every block of the cluster runs every iteration (the callers' loop bounds are the cluster's).
+// The mbarriers are initialized (mbarrier_init_inbox) before a cluster barrier that precedes any push.
+__device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, float2* box, uint64_t* bar, int64_t it,
+                                             int rank, int lane, bool expects, int C, int groups, float2 v) {
+  if (expects)
+    (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_relaxed, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                               bar, static_cast<uint32_t>(groups * C * sizeof(float2)));
+  if (lane < C) cuda::ptx::st_async(cluster.map_shared_rank(box + rank, lane), v, cluster.map_shared_rank(bar, lane));
+  const uint32_t phase = static_cast<uint32_t>(it >> 1) & 1u;
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, phase)) {
+  }
+}
+// Before a block of the cluster leaves: every push it issued has landed. st.async's completion is
+// seen only at its target's mbarrier, so each block arrives (relaxed: no wait for its own global
+// stores) once it has seen its last phase complete, and leaves once all have: then every push into
+// every block has landed. (Distributed shared memory accesses must be done before a block exits.)
+__device__ __forceinline__ void cluster_leave_arrive() { cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed); }
+__device__ __forceinline__ void cluster_leave_wait() { cuda::ptx::barrier_cluster_wait(); }
+__device__ __forceinline__ void mbarrier_init_inbox(uint64_t* bars) {
+  cuda::ptx::mbarrier_init(bars, 1);
+  cuda::ptx::mbarrier_init(bars + 1, 1);
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
+#endif
+
 // kStaged: a persistent grid's body (a block visits several row-groups): gamma (1 where there is
 // none) and beta (0) for the block's part of a row, converted once into shared memory as floats in
 // load_staged's layout after the first row's loads are issued (fwd_smem_bytes), then read on every
@@ -228,8 +268,8 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 // staged once, shifted by it. Without (fwd_wide_win_c*_direct) a cluster takes one row and reads
 // them from global memory as it writes y, two aligned loads a pack shifted into place (ParamWindow).
 // y at another lead than x is written an element at a time.
-template <typename T, int kNv, int kBytes, bool kStaged, bool kWin = false>
-__device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part) {
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, bool kClustered>
+__device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part, const int inbox) {
   static_assert(!kWin || kBytes == 16);
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
@@ -237,7 +277,6 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float2 slots[2][kMaxGroupRows];  // the cluster's exchange (Hopper only)
   const cg::cluster_group cluster = cg::this_cluster();
 #endif
   const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
@@ -260,6 +299,16 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   const ParamWindow<T> beta_w(kWin && !kStaged ? beta : nullptr, 0.f, lead, cols);
   wait_for_previous_grid();
   allow_next_grid();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // In a cluster, the inbox (from float `inbox` of the dynamic shared memory on): two mbarriers, one
+  // a parity, then the row-groups' partial statistics the cluster's blocks push, [2][rows][C] float2.
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(params + inbox);
+  float2* const inbox_slots = reinterpret_cast<float2*>(params + inbox + 4);
+  if (kClustered && C > 1 && group == 0 && lane == 0) mbarrier_init_inbox(bars);
+  // The first row's push signals the other blocks' mbarriers: only once every block of the cluster
+  // has started and initialized them (the wait is before the loop, after the first row's loads).
+  if (kClustered && C > 1) cluster.barrier_arrive();
+#endif
 
   // The group's row starting at row0, as loaded (zeros past the last row and the part's end; kWin:
   // the window's ends still hold the neighbouring rows' elements until mask_window).
@@ -274,9 +323,9 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     }
   };
   // The loop bound is the cluster's first row: every block of the cluster, and every thread of a
-  // block, runs the same iterations (the barriers need them all); groups past the last row compute
+  // block, runs the same iterations (the exchanges need them all); groups past the last row compute
   // on zeros and store nothing. The next rows' loads are issued before this row's sums, so they are
-  // in flight through the reductions and the cluster barrier (software pipelining).
+  // in flight through the reductions and the cluster's exchange (software pipelining).
   Pack<T, kBytes> next[kNv];
   const int64_t first = cid * blockDim.y;
   if (first < p.rows) load(first, next);
@@ -291,8 +340,13 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     }
     __syncthreads();
   }
-  int parity = 0;
-  for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) cluster.barrier_wait();
+#endif
+  // Iteration it uses buffer `parity` (it & 1) and its mbarrier in phase (it >> 1) & 1.
+  for (int64_t row0 = first, it = 0; row0 < p.rows; row0 += stride, ++it) {
+    const int parity = static_cast<int>(it & 1);
+    (void)parity;  // the exchange's buffer (Hopper only)
     Pack<T, kBytes> cur[kNv];
 #pragma unroll
     for (int i = 0; i < kNv; ++i) cur[i] = next[i];
@@ -339,16 +393,23 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     q = group_total(q, red[1]);
     float mean = m_here, m2 = q;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (C > 1) {  // uniform over the cluster
-      // Slots are double-buffered by iteration: a block writes slot `parity` again two iterations
-      // on, after a cluster barrier that every reader of this one has passed.
-      if (lane == 0) slots[parity][group] = make_float2(s, q);
-      cluster.sync();
+    if constexpr (!kClustered) {
+      // Never taken (C is 1 here): the barrier the loop had at this point before the exchange
+      // became cluster_push. ptxas schedules the one-block loop around it as it did then; without
+      // it, 83 registers instead of 64 at four 16-byte bf16 accesses (one block an SM, not two).
+      if (C > 1) cluster.sync();
+    }
+    if (kClustered && C > 1) {  // uniform over the cluster
+      // The group's partial statistics go to every block of the cluster (cluster_push), and each
+      // block reads its own inbox once its mbarrier has counted them all.
+      float2* const box = inbox_slots + (parity * blockDim.y + group) * C;
+      cluster_push(cluster, box, bars + parity, it, rank, lane, group == 0 && lane == 0, C,
+                   static_cast<int>(blockDim.y), make_float2(s, q));
       const int r = lane % 32;
       float2 o = make_float2(0.f, 0.f);
       float n_r = 0.f;
       if (r < C) {
-        o = *cluster.map_shared_rank(&slots[parity][group], r);
+        o = box[r];
         n_r = elements(r);
       }
       // Butterfly sums over the warp's lanes: the same order in every lane and every block, so
@@ -412,7 +473,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (C > 1) cluster.sync();  // no block leaves while another may still read its slots
+  if (kClustered && C > 1) cluster_leave_arrive(), cluster_leave_wait();
 #endif
 }
 
@@ -426,22 +487,27 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 // The staged body reads a row's gamma and beta ahead as floats (ptxas: 103-115 registers at 4
 // accesses of 16 bytes without a cap), so it runs under the cap up to 4 accesses a thread (64
 // registers, no spill); at 8 the cap spilled 24-184 bytes, and it keeps the plain bound.
-template <typename T, int kNv, int kBytes, bool kStaged, bool kWin>
-__global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part) {
-  fwd_wide_body<T, kNv, kBytes, kStaged, kWin>(p, part);
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, bool kClustered>
+__global__ void __launch_bounds__(kMaxThreads) fwd_wide_kernel(const FwdParams p, const int64_t part, const int inbox) {
+  fwd_wide_body<T, kNv, kBytes, kStaged, kWin, kClustered>(p, part, inbox);
 }
-template <typename T, int kNv, int kBytes, bool kStaged, bool kWin>
-__global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdParams p, const int64_t part) {
-  fwd_wide_body<T, kNv, kBytes, kStaged, kWin>(p, part);
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, bool kClustered>
+__global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdParams p, const int64_t part,
+                                                                      const int inbox) {
+  fwd_wide_body<T, kNv, kBytes, kStaged, kWin, kClustered>(p, part, inbox);
 }
 // The window forward keeps the plain bound: its staging holds a thread's gamma (then beta) loads
 // in flight at once, kNv x 8 floats in 16-bit.
-template <typename T, int kNv, int kBytes, bool kStaged = false, bool kWin = false>
+// kClustered: the launch's clusters have more than one block. The one-block variants (c1) get
+// instantiations without the clusters' exchange: its inbox addresses and iteration count held in
+// registers took bf16 fwd_wide_c1 from 40 to 57 registers at one 16-byte access a thread, 83 to 93
+// at four, and up to 1.5x the time (H100, 16M elements, 8,192-14,336 columns).
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, bool kClustered>
 constexpr auto fwd_wide_entry() {
   if constexpr (!kWin && ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16)))
-    return fwd_wide_kernel_two<T, kNv, kBytes, kStaged, kWin>;
+    return fwd_wide_kernel_two<T, kNv, kBytes, kStaged, kWin, kClustered>;
   else
-    return fwd_wide_kernel<T, kNv, kBytes, kStaged, kWin>;
+    return fwd_wide_kernel<T, kNv, kBytes, kStaged, kWin, kClustered>;
 }
 
 // Blocks of 512 threads the compiler must fit on an SM at once (a register cap): two where a thread
@@ -470,7 +536,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
   // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
   // for the block's columns as floats, in load_staged's layout; in a cluster, from float `inbox` on,
-  // the row-groups' sums the cluster's blocks push (bwd_smem_bytes).
+  // two mbarriers and the row-groups' sums the cluster's blocks push (bwd_smem_bytes).
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kW = kV < 4 ? kV : 4;    // floats of a sum vector
@@ -501,9 +567,14 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   wait_for_previous_grid();
   allow_next_grid();  // the partials' reduction may be scheduled; it waits for this grid to finish
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The first row's push stores into the other blocks' shared memory, which is only allowed once
-  // every block of the cluster has started: a cluster barrier, its wait after the first row's
-  // loads and gamma's staging (below), before the loop.
+  // In a cluster, the inbox (from float `inbox` on): two mbarriers, one a parity, then the
+  // row-groups' sums the cluster's blocks push, [2][rows][C] float2.
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(fold + inbox);
+  float2* const inbox_slots = reinterpret_cast<float2*>(fold + inbox + 4);
+  if (C > 1 && tid == 0) mbarrier_init_inbox(bars);
+  // The first row's push stores into the other blocks' shared memory (and signals their
+  // mbarriers), which is only allowed once every block of the cluster has started and initialized
+  // them: a cluster barrier, its wait after the first row's loads and gamma's staging (below).
   if (C > 1) cluster.barrier_arrive();
 #endif
 
@@ -559,8 +630,9 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (C > 1) cluster.barrier_wait();  // every block of the cluster has started (above)
 #endif
-  int parity = 0;
-  for (int64_t row0 = first; row0 < p.rows; row0 += stride, parity ^= 1) {
+  // Iteration it uses buffer `parity` (it & 1) and its mbarrier in phase (it >> 1) & 1.
+  for (int64_t row0 = first, it = 0; row0 < p.rows; row0 += stride, ++it) {
+    const int parity = static_cast<int>(it & 1);
     Pack<T, kBytes> xs[kNv], ds[kNv];
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
@@ -568,7 +640,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
       ds[i] = next_dy[i];
     }
     const float mean = next_mean, rstd = next_rstd;
-    if (row0 + stride < p.rows) load(row0 + stride);  // in flight through this row's sums and barrier
+    if (row0 + stride < p.rows) load(row0 + stride);  // in flight through this row's sums and exchange
     if constexpr (kWin) {  // zeros outside the row: dy's make its sums' terms 0 there, x's keep them finite
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
@@ -614,17 +686,9 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
     sums = group_total(sums, red[parity]);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (C > 1) {
-      // Pushed: the group's first C lanes store its sums into slot `rank` of each block's inbox
-      // before the barrier (remote stores, nothing waits for them), and after it every warp reads
-      // its own block's C slots. Pulling them (every warp loading the C slots from the other
-      // blocks after the barrier) was 2-16% slower at the median by cluster size, most with 16
-      // (H100, 16M elements; bench/README.md, "The cluster's exchange pushed in the wide
-      // backward"). The inbox is double-buffered by iteration: a block writes slot `parity` again
-      // two iterations on, after a barrier that every reader of this one has passed.
-      float2* const box = reinterpret_cast<float2*>(fold + inbox) + (parity * blockDim.y + group) * C;
-      if (lane < C) *cluster.map_shared_rank(box + rank, lane) = sums;
-      cluster.sync();
+    if (C > 1) {  // the row-group's sums to every block of the cluster (cluster_push)
+      float2* const box = inbox_slots + (parity * blockDim.y + group) * C;
+      cluster_push(cluster, box, bars + parity, it, rank, lane, tid == 0, C, static_cast<int>(blockDim.y), sums);
       const int r = lane % 32;
       const float2 o = r < C ? box[r] : make_float2(0.f, 0.f);
       sums = make_float2(group_sum<32>(o.x), group_sum<32>(o.y));
@@ -661,6 +725,9 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
   }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) cluster_leave_arrive();  // waited for at the end, after the partial rows
+#endif
   if constexpr (kWin) {
     // dx alone: no sums
   } else if constexpr (kSmemSums) {
@@ -729,9 +796,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // (The push needs no barrier here: every remote store precedes a barrier its target waits on.
-  // Kept as measured.)
-  if (C > 1) cluster.sync();
+  if (C > 1) cluster_leave_wait();  // arrived after the loop
 #endif
 }
 
@@ -786,8 +851,22 @@ std::size_t fwd_smem_bytes(const WideShape& s, DType dtype) {
          sizeof(float);
 }
 
+// The forward's dynamic shared memory: gamma and beta staged (kStaged), then in a cluster, 16-byte
+// aligned, the inbox: two mbarriers and 2 x rows x cluster float2 (fwd_inbox_at).
+std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster) {
+  const std::size_t own = staged ? fwd_smem_bytes(s, dtype) : 0;
+  if (cluster < 2) return own;
+  return (own + 15) / 16 * 16 + 2 * sizeof(uint64_t) + 2 * static_cast<std::size_t>(s.rows) * cluster * 2 * sizeof(float);
+}
+int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster) {
+  if (cluster < 2) return 0;
+  const std::size_t own = staged ? fwd_smem_bytes(s, dtype) : 0;
+  return static_cast<int>((own + 15) / 16 * 16 / sizeof(float));
+}
+
 // The backward's shared memory: its sums or fold, then gamma as floats for the block's columns;
-// in a cluster then, 16-byte aligned, the inbox (2 x rows x cluster float2: bwd_inbox_at).
+// in a cluster then, 16-byte aligned, the inbox: two mbarriers and 2 x rows x cluster float2
+// (bwd_inbox_at).
 std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
   const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
   const std::size_t gamma = static_cast<std::size_t>(s.part) * vec * sizeof(float);
@@ -800,7 +879,8 @@ std::size_t bwd_inbox_offset(const WideShape& s, DType dtype, bool smem_sums) {
 }
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
   if (cluster < 2) return bwd_own_bytes(s, dtype, smem_sums);
-  return bwd_inbox_offset(s, dtype, smem_sums) + 2 * static_cast<std::size_t>(s.rows) * cluster * 2 * sizeof(float);
+  return bwd_inbox_offset(s, dtype, smem_sums) + 2 * sizeof(uint64_t) +
+         2 * static_cast<std::size_t>(s.rows) * cluster * 2 * sizeof(float);
 }
 // Where the inbox starts, in floats (the kernels' last argument; unused without a cluster).
 int bwd_inbox_at(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
@@ -860,9 +940,9 @@ bool fwd_wide_supports(const FwdParams& p) {
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
+  const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged>(), s, smem, kCluster, p.device)
+           return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged, false, (kCluster > 1)>(), s, smem, kCluster, p.device)
                       ? cudaSuccess
                       : cudaErrorInvalidValue;
          }) == cudaSuccess;
@@ -882,23 +962,22 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged>();
+    auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, false, (kCluster > 1)>();
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
     }
     const int64_t groups = (p.rows + s.rows - 1) / s.rows;
-    std::size_t smem = 0;
+    const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
     int64_t most = int64_t{1} << 26;  // clusters a launch takes
     if constexpr (kStaged) {
-      smem = fwd_smem_bytes(s, p.dtype);
-      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
       most = resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device);
       if (most < 1) return cudaErrorInvalidValue;
     }
     const int64_t clusters = groups < most ? groups : most;
     return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                  kCluster, p, s.part);
+                  kCluster, p, s.part, fwd_inbox_at(s, p.dtype, kStaged, kCluster));
   });
 }
 
@@ -974,10 +1053,10 @@ bool fwd_wide_win_supports(const FwdParams& p) {
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta})) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
+  const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
-             auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true>();
+             auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, (kCluster > 1)>();
              if (shape_fits(kernel, s, smem, kCluster, p.device) &&
                  fwd_win_clusters<kCluster, kStaged>(reinterpret_cast<const void*>(kernel), p, s, smem) > 0)
                return cudaSuccess;
@@ -996,17 +1075,17 @@ cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
     if constexpr (kBytes != 16) {
       return cudaErrorInvalidValue;
     } else {
-      auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true>();
+      auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, (kCluster > 1)>();
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
       }
-      const std::size_t smem = kStaged ? fwd_smem_bytes(s, p.dtype) : 0;
+      const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
       if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
       const int64_t clusters = fwd_win_clusters<kCluster, kStaged>(reinterpret_cast<const void*>(kernel), p, s, smem);
       if (clusters < 1) return cudaErrorInvalidValue;
       return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                    kCluster, p, s.part);
+                    kCluster, p, s.part, fwd_inbox_at(s, p.dtype, kStaged, kCluster));
     }
   });
 }
