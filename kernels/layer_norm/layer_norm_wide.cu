@@ -222,16 +222,21 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 // half, double-buffered by iteration `it`: the row-group's first C lanes store its pair into slot
 // `rank` of block `lane`'s inbox by st.async, which counts the 8 bytes on that block's mbarrier;
 // one thread of each block arrives expecting C x groups x 8 bytes, and every thread waits for the
-// phase of iteration `it` (parity it & 1, phase (it >> 1) & 1), then reads its block's slots. No
-// cluster barrier: barrier.cluster.arrive releases the thread's earlier stores, so each row waited
-// for the previous row's global stores to complete (Nsight Compute: the "membar" stall, 2.0-2.5
-// warps an issue, the largest); st.async's bytes are ordered by the mbarrier alone. The H100 wide
-// backward went from 73-76% to 79-81% of copy bandwidth at 4,096-12,288 16-bit columns, the
-// forward 1.06-1.24x (bench/README.md, "The clusters' exchange by st.async and mbarriers").
-// A buffer is written again two iterations on, which a block can only reach once every block has
-// pushed the iteration between, after reading this one: the data dependences order the reuse.
-// Every block of the cluster runs every iteration (the callers' loop bounds are the cluster's).
-// The mbarriers are initialized (mbarrier_init_inbox) before a cluster barrier that precedes any push.
+// phase of iteration `it` (parity it & 1, phase (it >> 1) & 1), then reads its block's slots.
+// Why not a cluster barrier a row, as before: its arrive releases the thread's earlier stores, so
+// each row waited for the previous row's global stores to complete (Nsight Compute: the "membar"
+// stall, 2.0-2.5 warps an issue, the largest); st.async's bytes are ordered by the mbarrier alone.
+// The H100 wide backward went from 73-76% to 79-81% of copy bandwidth at 4,096-12,288 16-bit
+// columns, the forward 1.06-1.24x (bench/README.md, "The clusters' exchange by st.async and
+// mbarriers").
+// Reuse of a buffer (written again two iterations on) is safe because of three things the callers
+// must keep: (1) the lane that reads slot r of its block's inbox (lane r, after the wait) is the
+// lane that pushes to block r, so its next push, and block r's push back, follow its read; (2) the
+// row-group's other warps have read their slots before the next group_total's __syncthreads, which
+// precedes the next push; (3) lanes >= C cannot fall a phase behind, as the warp's full-mask
+// shuffles (group_sum) keep them with lanes < C. Every block of the cluster runs every iteration
+// (the callers' loop bounds are the cluster's). The mbarriers are initialized
+// (mbarrier_init_inbox) before a cluster barrier that precedes any push.
 __device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, float2* box, uint64_t* bar, int64_t it,
                                              int rank, int lane, bool expects, int C, int groups, float2 v) {
   if (expects)
