@@ -227,8 +227,8 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 // each row waited for the previous row's global stores to complete (Nsight Compute: the "membar"
 // stall, 2.0-2.5 warps an issue, the largest); st.async's bytes are ordered by the mbarrier alone.
 // The H100 wide backward went from 73-76% to 79-81% of copy bandwidth at 4,096-12,288 16-bit
-// columns, the forward 1.06-1.24x (bench/README.md, "The clusters' exchange by st.async and
-// mbarriers").
+// columns, the forward's cluster variants 1.03-1.41x (bench/README.md, "The clusters' exchange by
+// st.async and mbarriers").
 // Reuse of a buffer (written again two iterations on) is safe because of three things the callers
 // must keep: (1) the lane that reads slot r of its block's inbox (lane r, after the wait) is the
 // lane that pushes to block r, so its next push, and block r's push back, follow its read; (2) the
