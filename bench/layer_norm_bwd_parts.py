@@ -23,8 +23,14 @@ import hfnn  # noqa: F401,E402  (loads the op library)
 
 
 def parse_case(text: str):
-    variant, dtype, shape = text.split(":")
-    rows, cols = (int(v) for v in shape.split("x"))
+    """VARIANT:DTYPE:ROWSxCOLS, for argparse (a bad one is a one-line usage error)."""
+    try:
+        variant, dtype, shape = text.split(":")
+        rows, cols = (int(v) for v in shape.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give VARIANT:DTYPE:ROWSxCOLS, e.g. bwd_wide_c8_smem:bfloat16:2048x8192")
+    if dtype not in ("float32", "float16", "bfloat16") or rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: DTYPE is float32, float16 or bfloat16, ROWS and COLS positive")
     return variant, dtype, rows, cols
 
 
@@ -79,15 +85,14 @@ def trace(variant: str, dtype: str, rows: int, cols: int, mask, calls: int, sets
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="+", required=True, help="VARIANT:DTYPE:ROWSxCOLS")
+    ap.add_argument("--cases", nargs="+", required=True, type=parse_case, help="VARIANT:DTYPE:ROWSxCOLS")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated (past L2)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     records = []
-    for text in args.cases:
-        variant, dtype, rows, cols = parse_case(text)
+    for variant, dtype, rows, cols in args.cases:
         for label, mask in (("all", [True, True, True]), ("dx", [True, False, False])):
             r = trace(variant, dtype, rows, cols, mask, args.calls, args.sets)
             print(f"{variant} {dtype} {rows}x{cols} {label}: main {r['main_us']} | rest {r['rest_us']} "

@@ -10,9 +10,9 @@
 //                               through distributed shared memory, pushed into each block's inbox
 //                               by st.async and counted on an mbarrier, no cluster barrier a row
 //                               (cluster_push; bench/README.md, "The clusters' exchange by st.async
-//                               and mbarriers"). The widest rows fit
-//                               (registers of up to 16 blocks), and few wide rows still fill every
-//                               SM: 1,365 rows of 12,288 make 1,365 x N blocks.
+//                               and mbarriers"). The widest rows fit (registers of up to 16
+//                               blocks), and few wide rows still fill every SM: 1,365 rows of
+//                               12,288 make 1,365 x N blocks.
 //   fwd_wide_c{1,...,16}_ps     The forward on a persistent grid (as many clusters as run at once),
 //                               each block converting its part of gamma and beta once into shared
 //                               memory as floats: faster where a cluster visits many rows, slower
@@ -216,6 +216,17 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
   return w;
 }
 
+// The clusters' inbox (cluster_push), at the end of a kernel's dynamic shared memory where a
+// cluster has more than one block, 16-byte aligned: two mbarriers (kInboxBarFloats floats), then
+// [2][row-groups][C] float2. Host: smem_with_inbox and inbox_at; device: the two pointers below.
+constexpr int kInboxBarFloats = 2 * sizeof(uint64_t) / sizeof(float);
+__device__ __forceinline__ uint64_t* inbox_bars(float* smem, int inbox) {
+  return reinterpret_cast<uint64_t*>(smem + inbox);
+}
+__device__ __forceinline__ float2* inbox_slots_of(float* smem, int inbox) {
+  return reinterpret_cast<float2*>(smem + inbox + kInboxBarFloats);
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // The clusters' exchange, one a row (forward: each block's partial mean and M2 of the row; backward:
 // its two sums). Every block has an inbox of [2][row-groups][C] float2 and an mbarrier for each
@@ -307,8 +318,8 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // In a cluster, the inbox (from float `inbox` of the dynamic shared memory on): two mbarriers, one
   // a parity, then the row-groups' partial statistics the cluster's blocks push, [2][rows][C] float2.
-  uint64_t* const bars = reinterpret_cast<uint64_t*>(params + inbox);
-  float2* const inbox_slots = reinterpret_cast<float2*>(params + inbox + 4);
+  uint64_t* const bars = inbox_bars(params, inbox);
+  float2* const inbox_slots = inbox_slots_of(params, inbox);
   if (kClustered && C > 1 && group == 0 && lane == 0) mbarrier_init_inbox(bars);
   // The first row's push signals the other blocks' mbarriers: only once every block of the cluster
   // has started and initialized them (the wait is before the loop, after the first row's loads).
@@ -574,8 +585,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // In a cluster, the inbox (from float `inbox` on): two mbarriers, one a parity, then the
   // row-groups' sums the cluster's blocks push, [2][rows][C] float2.
-  uint64_t* const bars = reinterpret_cast<uint64_t*>(fold + inbox);
-  float2* const inbox_slots = reinterpret_cast<float2*>(fold + inbox + 4);
+  uint64_t* const bars = inbox_bars(fold, inbox);
+  float2* const inbox_slots = inbox_slots_of(fold, inbox);
   if (C > 1 && tid == 0) mbarrier_init_inbox(bars);
   // The first row's push stores into the other blocks' shared memory (and signals their
   // mbarriers), which is only allowed once every block of the cluster has started and initialized
@@ -856,22 +867,28 @@ std::size_t fwd_smem_bytes(const WideShape& s, DType dtype) {
          sizeof(float);
 }
 
-// The forward's dynamic shared memory: gamma and beta staged (kStaged), then in a cluster, 16-byte
-// aligned, the inbox: two mbarriers and 2 x rows x cluster float2 (fwd_inbox_at).
-std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster) {
-  const std::size_t own = staged ? fwd_smem_bytes(s, dtype) : 0;
+// A kernel's dynamic shared memory: its own `own` bytes, then in a cluster the inbox (kInboxBarFloats).
+std::size_t inbox_start(std::size_t own) { return (own + 15) / 16 * 16; }
+std::size_t smem_with_inbox(std::size_t own, const WideShape& s, int cluster) {
   if (cluster < 2) return own;
-  return (own + 15) / 16 * 16 + 2 * sizeof(uint64_t) + 2 * static_cast<std::size_t>(s.rows) * cluster * 2 * sizeof(float);
+  return inbox_start(own) + kInboxBarFloats * sizeof(float) + 2 * static_cast<std::size_t>(s.rows) * cluster * sizeof(float2);
+}
+// Where the inbox starts, in floats (the kernels' last argument; unused without a cluster).
+int inbox_at(std::size_t own, int cluster) {
+  return cluster < 2 ? 0 : static_cast<int>(inbox_start(own) / sizeof(float));
+}
+
+// The forward's dynamic shared memory: gamma and beta staged (kStaged), then the inbox.
+std::size_t fwd_own_bytes(const WideShape& s, DType dtype, bool staged) { return staged ? fwd_smem_bytes(s, dtype) : 0; }
+std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster) {
+  return smem_with_inbox(fwd_own_bytes(s, dtype, staged), s, cluster);
 }
 int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster) {
-  if (cluster < 2) return 0;
-  const std::size_t own = staged ? fwd_smem_bytes(s, dtype) : 0;
-  return static_cast<int>((own + 15) / 16 * 16 / sizeof(float));
+  return inbox_at(fwd_own_bytes(s, dtype, staged), cluster);
 }
 
 // The backward's shared memory: its sums or fold, then gamma as floats for the block's columns;
-// in a cluster then, 16-byte aligned, the inbox: two mbarriers and 2 x rows x cluster float2
-// (bwd_inbox_at).
+// then the inbox.
 std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
   const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
   const std::size_t gamma = static_cast<std::size_t>(s.part) * vec * sizeof(float);
@@ -879,17 +896,11 @@ std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
     return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float) + gamma;
   return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
 }
-std::size_t bwd_inbox_offset(const WideShape& s, DType dtype, bool smem_sums) {
-  return (bwd_own_bytes(s, dtype, smem_sums) + 15) / 16 * 16;
-}
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
-  if (cluster < 2) return bwd_own_bytes(s, dtype, smem_sums);
-  return bwd_inbox_offset(s, dtype, smem_sums) + 2 * sizeof(uint64_t) +
-         2 * static_cast<std::size_t>(s.rows) * cluster * 2 * sizeof(float);
+  return smem_with_inbox(bwd_own_bytes(s, dtype, smem_sums), s, cluster);
 }
-// Where the inbox starts, in floats (the kernels' last argument; unused without a cluster).
 int bwd_inbox_at(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
-  return cluster < 2 ? 0 : static_cast<int>(bwd_inbox_offset(s, dtype, smem_sums) / sizeof(float));
+  return inbox_at(bwd_own_bytes(s, dtype, smem_sums), cluster);
 }
 
 // Clusters of the backward's persistent grid: enough for every row-group, no more than fit at once,
