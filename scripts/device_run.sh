@@ -59,7 +59,8 @@
 #   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
 #             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
-#             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each
+#             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each;
+#             $NCU_KERNELS: another regex of kernel names (e.g. param_cols_kernel, the *_cols variants' sums)
 # The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
@@ -234,7 +235,9 @@ if want e2e-multi; then
   tail -22 "$OUT/e2e-multi.log"
 fi
 if want widths; then
-  timeout 560 python3 -m pytest tests/python/test_layer_norm_widths.py -q -p no:cacheprovider --durations=12 \
+  # One process: four on the one GPU finished no test in 220 s (2026-11-27; likely the GPU's time
+  # slicing between processes, which each of these small synchronizing calls then waits for).
+  timeout ${WIDTHS_TIMEOUT:-560} python3 -m pytest tests/python/test_layer_norm_widths.py -q -p no:cacheprovider --durations=12 \
     -o faulthandler_timeout=300 2>&1 | tee "$OUT/widths.log" | tail -60; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 # The sweep into directory $1 (its JSON and its log).
@@ -312,7 +315,7 @@ if want ncu; then
     IFS=: read -r variant dtype shape <<< "$case"
     # Two of hfnn's kernels after six warm-up launches: the 4th backward call's variant and partials'
     # reduction, or the 7th and 8th forward calls. Clocks as the benchmarks run them (no locking).
-    ncu --clock-control none -k regex:"wide_kernel|regs_kernel|block_kernel|window_kernel|tma_kernel|reduce_partials" --launch-skip 6 --launch-count 2 \
+    ncu --clock-control none -k regex:"${NCU_KERNELS:-wide_kernel|regs_kernel|block_kernel|window_kernel|tma_kernel|reduce_partials}" --launch-skip 6 --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       --section WarpStateStats --section SchedulerStats \
       python3 bench/profile_variant.py --shape ${shape/x/ } --dtype "$dtype" --variant "$variant" --runs 8 \

@@ -543,7 +543,9 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // kWin (the base of bwd_wide_win_c*_cols; 16-byte packs, no kSmemSums): dx alone, for rows not
 // 16-byte aligned, through their windows as fwd_wide_body's kWin (one row-group a block, one lead
 // a block, gamma staged shifted by it); dy or dx at another lead than x an element at a time.
-template <typename T, int kNv, int kBytes, bool kSmemSums = false, bool kWin = false>
+// kClustered: the launch's clusters have more than one block (as the forward's): the one-block
+// variants (c1) get instantiations without the exchange, its mbarriers and cluster barriers.
+template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, bool kClustered>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part, const int inbox) {
@@ -587,11 +589,11 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   // row-groups' sums the cluster's blocks push, [2][rows][C] float2.
   uint64_t* const bars = inbox_bars(fold, inbox);
   float2* const inbox_slots = inbox_slots_of(fold, inbox);
-  if (C > 1 && tid == 0) mbarrier_init_inbox(bars);
+  if (kClustered && C > 1 && tid == 0) mbarrier_init_inbox(bars);
   // The first row's push stores into the other blocks' shared memory (and signals their
   // mbarriers), which is only allowed once every block of the cluster has started and initialized
   // them: a cluster barrier, its wait after the first row's loads and gamma's staging (below).
-  if (C > 1) cluster.barrier_arrive();
+  if (kClustered && C > 1) cluster.barrier_arrive();
 #endif
 
   // A thread owns the same columns for the whole kernel: dgamma/dbeta summed in registers (in its
@@ -644,7 +646,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);
   __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (C > 1) cluster.barrier_wait();  // every block of the cluster has started (above)
+  if (kClustered && C > 1) cluster.barrier_wait();  // every block of the cluster has started (above)
 #endif
   // Iteration it uses buffer `parity` (it & 1) and its mbarrier in phase (it >> 1) & 1.
   for (int64_t row0 = first, it = 0; row0 < p.rows; row0 += stride, ++it) {
@@ -702,7 +704,10 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
     sums = group_total(sums, red[parity]);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (C > 1) {  // the row-group's sums to every block of the cluster (cluster_push)
+    if constexpr (!kClustered) {
+      if (C > 1) cluster.sync();  // never taken: as in the forward (fwd_wide_body)
+    }
+    if (kClustered && C > 1) {  // the row-group's sums to every block of the cluster (cluster_push)
       float2* const box = inbox_slots + (parity * blockDim.y + group) * C;
       cluster_push(cluster, box, bars + parity, it, rank, lane, tid == 0, C, static_cast<int>(blockDim.y), sums);
       const int r = lane % 32;
@@ -742,7 +747,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (C > 1) cluster_leave_arrive();  // waited for at the end, after the partial rows
+  if (kClustered && C > 1) cluster_leave_arrive();  // waited for at the end, after the partial rows
 #endif
   if constexpr (kWin) {
     // dx alone: no sums
@@ -812,7 +817,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (C > 1) cluster_leave_wait();  // arrived after the loop
+  if (kClustered && C > 1) cluster_leave_wait();  // arrived after the loop
 #endif
 }
 
@@ -1005,7 +1010,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, s, smem, kCluster, p.device)
+           return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums, false, (kCluster > 1)>, s, smem, kCluster, p.device)
                       ? cudaSuccess
                       : cudaErrorInvalidValue;
          }) == cudaSuccess;
@@ -1020,7 +1025,7 @@ std::size_t bwd_wide_workspace(const BwdParams& p) {
   with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
     bytes = 2 *
             static_cast<std::size_t>(
-                bwd_clusters(bwd_wide_kernel<T, kNv, kBytes, kSmemSums>, p, s, kCluster, kSmemSums)) *
+                bwd_clusters(bwd_wide_kernel<T, kNv, kBytes, kSmemSums, false, (kCluster > 1)>, p, s, kCluster, kSmemSums)) *
             static_cast<std::size_t>(p.cols) * sizeof(float);
     return cudaSuccess;
   });
@@ -1034,7 +1039,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = bwd_wide_kernel<T, kNv, kBytes, kSmemSums>;
+    auto kernel = bwd_wide_kernel<T, kNv, kBytes, kSmemSums, false, (kCluster > 1)>;
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
@@ -1118,7 +1123,7 @@ bool bwd_wide_win_supports(const BwdParams& p) {
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, false, kCluster);
   return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
-             auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true>;
+             auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true, (kCluster > 1)>;
              if (shape_fits(kernel, s, smem, kCluster, p.device) &&
                  window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype) > 0)
                return cudaSuccess;
@@ -1139,7 +1144,7 @@ cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
     if constexpr (kBytes != 16) {
       return cudaErrorInvalidValue;
     } else {
-      auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true>;
+      auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true, (kCluster > 1)>;
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
