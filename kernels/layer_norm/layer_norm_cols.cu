@@ -29,11 +29,20 @@ namespace {
 
 constexpr int kLanes = 32;   // accesses of a row a block takes, side by side
 constexpr int kSlices = 16;  // slices of the rows: slice s takes rows s, s + 16, ...
-constexpr int kRowsAtOnce = 4;
+// Rows whose loads a thread has in flight at once: 4, and 16 at 2-byte accesses (16-bit rows of odd
+// width). The grid is one block a 32 accesses of a row, so there 4,097 columns make 129 blocks, one
+// an SM, and with 4 rows in flight that launch waited on memory (Nsight Compute, H100: 20-31% of
+// DRAM bandwidth, 89-92% of its stalls on loads; 103 us in bf16 and 66 in fp16 against 48 for the
+// dx kernel beside it). 16 took the call from 101.5 to 53.8 us in bf16 and from 56.1 to 54.1 in fp16
+// (bench/README.md, "The column sums' rows in flight"); 8 at 4-byte accesses was 0.84-0.94x in bf16
+// and 1.03-1.13x in fp16 at 4,100 and 6,402 columns, 16M elements, and is not taken.
+template <int kBytes>
+constexpr int kRowsAtOnce = kBytes == 2 ? 16 : 4;
 
 template <typename T, int kBytes>
 __global__ void __launch_bounds__(kLanes * kSlices) param_cols_kernel(const BwdParams p) {
   constexpr int kV = kVec<T, kBytes>;
+  constexpr int kAtOnce = kRowsAtOnce<kBytes>;
   __shared__ float fold[kSlices][2][kLanes * kV];
   allow_next_grid();  // the next kernel waits for this grid (and so for the dx kernel) in its own wait
   const int lane = threadIdx.x, slice = threadIdx.y;
@@ -57,21 +66,26 @@ __global__ void __launch_bounds__(kLanes * kSlices) param_cols_kernel(const BwdP
     const T* __restrict__ x = static_cast<const T*>(p.x) + a * kV;
     const T* __restrict__ dy = static_cast<const T*>(p.dy) + a * kV;
     int64_t r = slice;
-    // kRowsAtOnce rows' loads in flight before their adds, then the rest one at a time.
-    for (; r + (kRowsAtOnce - 1) * kSlices < p.rows; r += kRowsAtOnce * kSlices) {
-      Pack<T, kBytes> xs[kRowsAtOnce], ds[kRowsAtOnce];
-      float m[kRowsAtOnce], s[kRowsAtOnce];
+    // kN rows' loads in flight before their adds (in row order): kAtOnce at a time, then 4 (few
+    // rows: 85 of 12,289 columns take no step of 16), then the rest one at a time.
+    auto rows_at_once = [&]<int kN>() {
+      for (; r + (kN - 1) * kSlices < p.rows; r += kN * kSlices) {
+        Pack<T, kBytes> xs[kN], ds[kN];
+        float m[kN], s[kN];
 #pragma unroll
-      for (int j = 0; j < kRowsAtOnce; ++j) {
-        const int64_t row = r + j * kSlices;
-        xs[j] = load_pack<T, kBytes>(x + row * cols);
-        ds[j] = load_pack<T, kBytes>(dy + row * cols);
-        m[j] = p.mean[row];
-        s[j] = p.rstd[row];
+        for (int j = 0; j < kN; ++j) {
+          const int64_t row = r + j * kSlices;
+          xs[j] = load_pack<T, kBytes>(x + row * cols);
+          ds[j] = load_pack<T, kBytes>(dy + row * cols);
+          m[j] = p.mean[row];
+          s[j] = p.rstd[row];
+        }
+#pragma unroll
+        for (int j = 0; j < kN; ++j) add(xs[j], ds[j], m[j], s[j]);
       }
-#pragma unroll
-      for (int j = 0; j < kRowsAtOnce; ++j) add(xs[j], ds[j], m[j], s[j]);
-    }
+    };
+    rows_at_once.template operator()<kAtOnce>();
+    if constexpr (kAtOnce > 4) rows_at_once.template operator()<4>();
     for (; r < p.rows; r += kSlices)
       add(load_pack<T, kBytes>(x + r * cols), load_pack<T, kBytes>(dy + r * cols), p.mean[r], p.rstd[r]);
   }
