@@ -273,6 +273,51 @@ def test_gpu_backward_at_another_lead_and_every_output_mask(dtype):
     assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gpu_column_sums_at_every_row_step(dtype):
+    """The *_cols variants' column sums (layer_norm_cols.cu) at the row counts where their loop
+    changes step: a slice of the rows (every 16th) takes 16 rows at a time at 2-byte accesses (16-bit
+    odd widths), then 4, then one, so counts around 16, 64 and 241 (a slice's first step of 16) run
+    each mix of steps. dgamma and dbeta match float64 and are the same bits in a second call (sums in
+    a fixed order); odd widths (2-byte accesses in 16-bit), a 4-byte one and a 16-byte one."""
+    variants = [v for v in hfnn.layer_norm_variants()["bwd"] if v.endswith("_cols")]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} column steps".encode()))
+    failures, ran = [], 0
+    for cols in [33, 1023, 4097, 4100, 4096]:
+        for rows in [1, 2, 15, 16, 17, 63, 64, 65, 79, 80, 240, 241, 255, 256, 257, 321, 1000]:
+            ns = [cols]
+            x = (torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype)
+            dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+            w = (1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype)
+            b = (0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype)
+            w64, b64 = w.double(), b.double()
+            _, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
+            mask = [True, True, True]
+            ref = torch.ops.aten.native_layer_norm_backward(dy.double(), x.double(), ns, m_ref, r_ref, w64, b64, mask)
+            for v in variants:
+                if not torch.ops.hfnn.layer_norm_supports(x, ns, w, b, v):
+                    continue
+                ran += 1
+                where = f"D={cols} rows={rows} {str(dtype)[6:]} {v}"
+                try:
+                    first = torch.ops.hfnn.layer_norm_bwd(dy, x, ns, mean, rstd, w, b, mask, v)
+                    second = torch.ops.hfnn.layer_norm_bwd(dy, x, ns, mean, rstd, w, b, mask, v)
+                except RuntimeError as e:
+                    failures.append(f"{where}: {str(e).splitlines()[0]}")
+                    continue
+                for i in (1, 2):
+                    e = rel_err(first[i], ref[i])
+                    if e > TOL[dtype] + 1e-5:
+                        failures.append(f"{where}: output {i} error {e:.2e}")
+                    if not torch.equal(first[i], second[i]):
+                        failures.append(f"{where}: output {i} differs between two calls")
+    torch.cuda.synchronize()
+    assert ran > 0, "no *_cols variant took any case"
+    assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
+
+
 def test_wide_widths_cover_what_the_issue_asks():
     ws = set(WIDE)
     assert all(2 ** e in ws and 2 ** e - 1 in ws and 2 ** e + 1 in ws for e in range(11, 18))
