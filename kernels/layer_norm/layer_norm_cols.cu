@@ -33,7 +33,7 @@ constexpr int kSlices = 16;  // slices of the rows: slice s takes rows s, s + 16
 // width). The grid is one block a 32 accesses of a row, so there 4,097 columns make 129 blocks, one
 // an SM, and with 4 rows in flight that launch waited on memory (Nsight Compute, H100: 20-31% of
 // DRAM bandwidth, 89-92% of its stalls on loads; 103 us in bf16 and 66 in fp16 against 48 for the
-// dx kernel beside it). 16 took the call from 101.5 to 53.8 us in bf16 and from 56.1 to 54.1 in fp16
+// dx kernel beside it). 16 took the call from 101.5 to 53.9 us in bf16 and from 56.1 to 54.1 in fp16
 // (bench/README.md, "The column sums' rows in flight"); 8 at 4-byte accesses was 0.84-0.94x in bf16
 // and 1.03-1.13x in fp16 at 4,100 and 6,402 columns, 16M elements, and is not taken.
 template <int kBytes>

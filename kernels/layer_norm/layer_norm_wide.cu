@@ -514,12 +514,14 @@ __global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdP
 }
 // The window forward keeps the plain bound: its staging holds a thread's gamma (then beta) loads
 // in flight at once, kNv x 8 floats in 16-bit.
-// kClustered: the launch's clusters have more than one block. The one-block variants (c1) get
-// instantiations without the clusters' exchange: its inbox addresses and iteration count held in
-// registers took bf16 fwd_wide_c1 from 40 to 57 registers at one 16-byte access a thread, 83 to 93
-// at four, and up to 1.5x the time (H100, 16M elements, 8,192-14,336 columns).
-template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, bool kClustered>
+// The kernel of a launch whose clusters have kCluster blocks: kClustered (the clusters' exchange
+// compiled in) exactly where kCluster > 1. The one-block variants (c1) get instantiations without
+// the exchange: its inbox addresses and iteration count held in registers took bf16 fwd_wide_c1
+// from 40 to 57 registers at one 16-byte access a thread, 83 to 93 at four, and up to 1.5x the
+// time (H100, 16M elements, 8,192-14,336 columns).
+template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, int kCluster>
 constexpr auto fwd_wide_entry() {
+  constexpr bool kClustered = kCluster > 1;
   if constexpr (!kWin && ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16)))
     return fwd_wide_kernel_two<T, kNv, kBytes, kStaged, kWin, kClustered>;
   else
@@ -821,6 +823,12 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #endif
 }
 
+// The backward's kernel of a launch whose clusters have kCluster blocks (as fwd_wide_entry).
+template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, int kCluster>
+constexpr auto bwd_wide_entry() {
+  return bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kWin, (kCluster > 1)>;
+}
+
 // Calls f.template operator()<T, kNv, kBytes>() for the instantiation of shape s;
 // cudaErrorInvalidValue for an nv a direction does not instantiate or an access under 4 bytes.
 template <bool kBackward, bool kSmemSums = false, typename F>
@@ -963,7 +971,7 @@ bool fwd_wide_supports(const FwdParams& p) {
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged, false, (kCluster > 1)>(), s, smem, kCluster, p.device)
+           return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>(), s, smem, kCluster, p.device)
                       ? cudaSuccess
                       : cudaErrorInvalidValue;
          }) == cudaSuccess;
@@ -983,7 +991,7 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, false, (kCluster > 1)>();
+    auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>();
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
@@ -1010,7 +1018,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(bwd_wide_kernel<T, kNv, kBytes, kSmemSums, false, (kCluster > 1)>, s, smem, kCluster, p.device)
+           return shape_fits(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>(), s, smem, kCluster, p.device)
                       ? cudaSuccess
                       : cudaErrorInvalidValue;
          }) == cudaSuccess;
@@ -1025,7 +1033,7 @@ std::size_t bwd_wide_workspace(const BwdParams& p) {
   with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
     bytes = 2 *
             static_cast<std::size_t>(
-                bwd_clusters(bwd_wide_kernel<T, kNv, kBytes, kSmemSums, false, (kCluster > 1)>, p, s, kCluster, kSmemSums)) *
+                bwd_clusters(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>(), p, s, kCluster, kSmemSums)) *
             static_cast<std::size_t>(p.cols) * sizeof(float);
     return cudaSuccess;
   });
@@ -1039,7 +1047,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = bwd_wide_kernel<T, kNv, kBytes, kSmemSums, false, (kCluster > 1)>;
+    auto kernel = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>();
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
@@ -1077,7 +1085,7 @@ bool fwd_wide_win_supports(const FwdParams& p) {
   const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
-             auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, (kCluster > 1)>();
+             auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, kCluster>();
              if (shape_fits(kernel, s, smem, kCluster, p.device) &&
                  fwd_win_clusters<kCluster, kStaged>(reinterpret_cast<const void*>(kernel), p, s, smem) > 0)
                return cudaSuccess;
@@ -1096,7 +1104,7 @@ cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
     if constexpr (kBytes != 16) {
       return cudaErrorInvalidValue;
     } else {
-      auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, (kCluster > 1)>();
+      auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, kCluster>();
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
@@ -1123,7 +1131,7 @@ bool bwd_wide_win_supports(const BwdParams& p) {
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, false, kCluster);
   return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
-             auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true, (kCluster > 1)>;
+             auto kernel = bwd_wide_entry<T, kNv, kBytes, false, true, kCluster>();
              if (shape_fits(kernel, s, smem, kCluster, p.device) &&
                  window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype) > 0)
                return cudaSuccess;
@@ -1144,7 +1152,7 @@ cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
     if constexpr (kBytes != 16) {
       return cudaErrorInvalidValue;
     } else {
-      auto kernel = bwd_wide_kernel<T, kNv, kBytes, false, true, (kCluster > 1)>;
+      auto kernel = bwd_wide_entry<T, kNv, kBytes, false, true, kCluster>();
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;

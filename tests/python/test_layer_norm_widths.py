@@ -229,6 +229,19 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
 
 
+def backward_case(rows, cols, dtype, gen, offset=0):
+    """A backward's inputs: x, gamma and beta `offset` elements into their buffers, dy aligned; the
+    float64 statistics and the dtype's own mean and rstd (what the forward hands the backward)."""
+    ns = [cols]
+    x = at_offset((torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype), offset)
+    dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+    w = at_offset((1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), offset)
+    b = at_offset((0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), offset)
+    _, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w.double(), b.double(), 1e-5)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
+    return ns, x, dy, w, b, m_ref, r_ref, mean, rstd
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_gpu_backward_at_another_lead_and_every_output_mask(dtype):
@@ -242,14 +255,9 @@ def test_gpu_backward_at_another_lead_and_every_output_mask(dtype):
     failures = []
     for cols in [1, 3, 33, 255, 1000, 1023, 2049, 4097, 12289, 30001]:
         for rows in [1, 3, 257]:
-            ns = [cols]
-            x = at_offset((torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype), 1)
-            dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)  # aligned: x's lead is not
-            w = at_offset((1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), 1)
-            b = at_offset((0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype), 1)
+            # dy aligned: x's lead is not
+            ns, x, dy, w, b, m_ref, r_ref, mean, rstd = backward_case(rows, cols, dtype, gen, offset=1)
             w64, b64 = w.double(), b.double()
-            _, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
-            _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
             dx_scale = (r_ref * dy.double() * w64).norm().item()
             for mask in ([True, True, True], [True, False, False], [False, True, True], [True, True, False],
                          [False, False, True]):
@@ -280,20 +288,15 @@ def test_gpu_column_sums_at_every_row_step(dtype):
     changes step: a slice of the rows (every 16th) takes 16 rows at a time at 2-byte accesses (16-bit
     odd widths), then 4, then one, so counts around 16, 64 and 241 (a slice's first step of 16) run
     each mix of steps. dgamma and dbeta match float64 and are the same bits in a second call (sums in
-    a fixed order); odd widths (2-byte accesses in 16-bit), a 4-byte one and a 16-byte one."""
+    a fixed order); odd widths from 1 to 12,289 (2-byte accesses in 16-bit), a 4-byte one and a
+    16-byte one."""
     variants = [v for v in hfnn.layer_norm_variants()["bwd"] if v.endswith("_cols")]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} column steps".encode()))
     failures, ran = [], 0
-    for cols in [33, 1023, 4097, 4100, 4096]:
+    for cols in [1, 3, 33, 255, 1023, 2041, 4097, 12289, 4100, 4096]:
         for rows in [1, 2, 15, 16, 17, 63, 64, 65, 79, 80, 240, 241, 255, 256, 257, 321, 1000]:
-            ns = [cols]
-            x = (torch.randn(rows, cols, device="cuda", generator=gen) * 2 + 0.5).to(dtype)
-            dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
-            w = (1 + 0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype)
-            b = (0.5 * torch.randn(cols, device="cuda", generator=gen)).to(dtype)
+            ns, x, dy, w, b, m_ref, r_ref, mean, rstd = backward_case(rows, cols, dtype, gen)
             w64, b64 = w.double(), b.double()
-            _, m_ref, r_ref = torch.ops.aten.native_layer_norm(x.double(), ns, w64, b64, 1e-5)
-            _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, 1e-5)
             mask = [True, True, True]
             ref = torch.ops.aten.native_layer_norm_backward(dy.double(), x.double(), ns, m_ref, r_ref, w64, b64, mask)
             for v in variants:
