@@ -36,13 +36,16 @@ constexpr int kSlices = 16;  // slices of the rows: slice s takes rows s, s + 16
 // dx kernel beside it). 16 took the call from 101.5 to 53.9 us in bf16 and from 56.1 to 54.1 in fp16
 // (bench/README.md, "The column sums' rows in flight"); 8 at 4-byte accesses was 0.84-0.94x in bf16
 // and 1.03-1.13x in fp16 at 4,100 and 6,402 columns, 16M elements, and is not taken.
+// Only where a slice has a step of 16 rows (more than 15 x 16 rows) does the 16-row kernel run; below
+// that the 4-row kernel runs (32 registers, not 40; the guess, not measured: more of its blocks fit
+// beside the dx kernel). At 12,289 columns and 85 rows (1M elements) that took the best backward from
+// 9.5 to 8.1 us in bf16 and 9.6 to 7.9 in fp16 (bench/README.md, "The column sums' rows by row count").
 template <int kBytes>
 constexpr int kRowsAtOnce = kBytes == 2 ? 16 : 4;
 
-template <typename T, int kBytes>
+template <typename T, int kBytes, int kAtOnce>
 __global__ void __launch_bounds__(kLanes * kSlices) param_cols_kernel(const BwdParams p) {
   constexpr int kV = kVec<T, kBytes>;
-  constexpr int kAtOnce = kRowsAtOnce<kBytes>;
   __shared__ float fold[kSlices][2][kLanes * kV];
   allow_next_grid();  // the next kernel waits for this grid (and so for the dx kernel) in its own wait
   const int lane = threadIdx.x, slice = threadIdx.y;
@@ -145,8 +148,10 @@ template <bool (*Supports)(const BwdParams&), cudaError_t (*Run)(const BwdParams
 bool bwd_cols_supports(const BwdParams& p) {
   if (!Supports(dx_only(p))) return false;
   return with_cols(p, [&]<typename T, int kBytes>() {
-           return fits(param_cols_kernel<T, kBytes>, kLanes * kSlices, 0, p.device) ? cudaSuccess
-                                                                                   : cudaErrorInvalidValue;
+           return fits(param_cols_kernel<T, kBytes, kRowsAtOnce<kBytes>>, kLanes * kSlices, 0, p.device) &&
+                          fits(param_cols_kernel<T, kBytes, 4>, kLanes * kSlices, 0, p.device)
+                      ? cudaSuccess
+                      : cudaErrorInvalidValue;
          }) == cudaSuccess;
 }
 
@@ -161,8 +166,15 @@ cudaError_t bwd_cols_run(const BwdParams& p, cudaStream_t stream) {
     const unsigned blocks = static_cast<unsigned>((acc + kLanes - 1) / kLanes);
     // Beside the dx kernel where there is one; otherwise after everything before it (a plain launch:
     // the kernel does not wait at its start).
-    return launch_ex(param_cols_kernel<T, kBytes>, dim3(blocks), dim3(kLanes, kSlices), 0, stream,
-                     /*pdl=*/p.dx != nullptr, 1, p);
+    auto launch = [&]<int kAtOnce>() {
+      return launch_ex(param_cols_kernel<T, kBytes, kAtOnce>, dim3(blocks), dim3(kLanes, kSlices), 0, stream,
+                       /*pdl=*/p.dx != nullptr, 1, p);
+    };
+    if constexpr (kRowsAtOnce<kBytes> > 4) {
+      if (p.rows > (kRowsAtOnce<kBytes> - 1) * kSlices)
+        return launch.template operator()<kRowsAtOnce<kBytes>>();
+    }
+    return launch.template operator()<4>();
   });
 }
 
