@@ -19,7 +19,7 @@
 // sees both done. Without dx (an output mask) there is no dx kernel: it is launched plainly, after
 // whatever came before. Sums in a fixed order (each slice of rows in row order, then the slices in
 // order): bit-identical results run to run. Bases: the wide backward (bwd_wide_c*, and its window
-// form for rows not 16-byte aligned, bwd_wide_win_c*, which runs only as a base here) and the block
+// form for rows not 16-byte aligned, bwd_wide_win_c*'s dx alone) and the block
 // backward (bwd_block, bwd_block_win).
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
@@ -194,8 +194,9 @@ HFNN_COLS(8, true)
 HFNN_COLS(16, true)
 #undef HFNN_COLS
 #define HFNN_COLS_WIN(C)                                                                              \
-  template bool bwd_cols_supports<&bwd_wide_win_supports<C>, &bwd_wide_win_run<C>>(const BwdParams&); \
-  template cudaError_t bwd_cols_run<&bwd_wide_win_supports<C>, &bwd_wide_win_run<C>>(const BwdParams&, cudaStream_t);
+  template bool bwd_cols_supports<&bwd_wide_win_supports<C, false>, &bwd_wide_win_run<C, false>>(const BwdParams&); \
+  template cudaError_t bwd_cols_run<&bwd_wide_win_supports<C, false>, &bwd_wide_win_run<C, false>>(const BwdParams&, \
+                                                                                                  cudaStream_t);
 HFNN_COLS_WIN(1)
 HFNN_COLS_WIN(2)
 HFNN_COLS_WIN(4)

@@ -74,8 +74,17 @@ constexpr BwdVariant bwd_wide_win_cols(std::string_view name) {
   return {name,
           "as bwd_wide_c*_cols, for rows not 16-byte aligned: dx in 16-byte accesses through their aligned windows, "
           "blocks by row lead, then dgamma/dbeta summed down the columns",
-          &bwd_cols_supports<&bwd_wide_win_supports<kCluster>, &bwd_wide_win_run<kCluster>>, &no_workspace,
-          &bwd_cols_run<&bwd_wide_win_supports<kCluster>, &bwd_wide_win_run<kCluster>>};
+          &bwd_cols_supports<&bwd_wide_win_supports<kCluster, false>, &bwd_wide_win_run<kCluster, false>>,
+          &no_workspace, &bwd_cols_run<&bwd_wide_win_supports<kCluster, false>, &bwd_wide_win_run<kCluster, false>>};
+}
+
+// The window backward with its dgamma/dbeta sums (in shared memory, by window position).
+template <int kCluster>
+constexpr BwdVariant bwd_wide_win_smem(std::string_view name) {
+  return {name,
+          "as bwd_wide_c*_smem, for rows not 16-byte aligned: 16-byte accesses through their aligned windows, "
+          "blocks by row lead, dgamma/dbeta summed by window position (x and dy read once)",
+          &bwd_wide_win_supports<kCluster, true>, &bwd_wide_win_workspace<kCluster>, &bwd_wide_win_run<kCluster, true>};
 }
 
 template <int kTpr>
@@ -188,6 +197,11 @@ constexpr std::array kBwd = {
     bwd_wide_win_cols<4>("bwd_wide_win_c4_cols"),
     bwd_wide_win_cols<8>("bwd_wide_win_c8_cols"),
     bwd_wide_win_cols<16>("bwd_wide_win_c16_cols"),
+    bwd_wide_win_smem<1>("bwd_wide_win_c1_smem"),
+    bwd_wide_win_smem<2>("bwd_wide_win_c2_smem"),
+    bwd_wide_win_smem<4>("bwd_wide_win_c4_smem"),
+    bwd_wide_win_smem<8>("bwd_wide_win_c8_smem"),
+    bwd_wide_win_smem<16>("bwd_wide_win_c16_smem"),
 };
 
 }  // namespace

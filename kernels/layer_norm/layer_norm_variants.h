@@ -35,11 +35,13 @@ template <int kCluster, bool kSmemSums> cudaError_t bwd_wide_run(const BwdParams
 
 // Wide rows not 16-byte aligned, through their 16-byte windows (layer_norm_window.cuh): the forward,
 // staged on a persistent grid (kStaged) or a cluster a row reading gamma and beta as it goes, and
-// the backward's dx alone (dgamma/dbeta: only as bwd_cols_*'s base).
+// the backward: dx alone (kSums false: only as bwd_cols_*'s base), or with its dgamma/dbeta sums in
+// shared memory by window position (kSums: bwd_wide_win_c*_smem, with a workspace).
 template <int kCluster, bool kStaged> bool fwd_wide_win_supports(const FwdParams& p);
 template <int kCluster, bool kStaged> cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream);
-template <int kCluster> bool bwd_wide_win_supports(const BwdParams& p);
-template <int kCluster> cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream);
+template <int kCluster, bool kSums> bool bwd_wide_win_supports(const BwdParams& p);
+template <int kCluster> std::size_t bwd_wide_win_workspace(const BwdParams& p);
+template <int kCluster, bool kSums> cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream);
 
 // Rows not 16-byte aligned, read and written through their 16-byte-aligned windows: kTpr threads a
 // row as in *_regs, blocks taking rows of one lead (layer_norm_window.cu).

@@ -26,11 +26,14 @@
 //                               to 65,536 (bench/README.md, "Backward sums in shared memory").
 //   fwd_wide_win_c{1,...,16}    Rows not 16-byte aligned (odd widths in 16-bit, 65,538 columns),
 //   bwd_wide_win_c*_cols        in 16-byte accesses through their aligned windows
-//                               (layer_norm_window.cuh): the staged persistent forward, and the
-//                               backward's dx alone under the *_cols column sums (kWin below).
+//   bwd_wide_win_c*_smem        (layer_norm_window.cuh): the staged persistent forward, the
+//                               backward's dx alone under the *_cols column sums (kWin below), and
+//                               the backward with its sums in shared memory by window position.
 //                               H100, 16M elements, bf16, D = 12,289: fwd+bwd 116.8 against 164.6 us
 //                               (bench/README.md, "Wide rows not 16-byte aligned through their
-//                               windows at cluster scale").
+//                               windows at cluster scale"); the _smem backward 1.15x the _cols one
+//                               there, 1.35-1.38x the best before in float32 at 4,097 and 12,289
+//                               ("The window backward's own sums").
 //
 // x is read once and y (dx) written once, from registers, in the widest accesses the rows allow:
 // 16 bytes, else 8 or 4 (rows and pointers aligned that far). A thread holds as many accesses at
@@ -94,18 +97,19 @@ int64_t accesses(int64_t cols, DType dtype, int bytes) {
 constexpr int kFwdBlockThreads = 128, kBwdBlockThreads = 256;
 
 // window: rows read through their 16-byte windows (the *_win_* variants): window_accesses() packs a
-// row, one row-group a block (a block keeps one lead).
+// row, one row-group a block (a block keeps one lead). window_sums: the window backward that holds
+// its sums in shared memory (bwd_wide_win_c*_smem), in blocks of up to 256 threads as the others.
 WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool backward, bool smem_sums = false,
-                     bool window = false) {
+                     bool window = false, bool window_sums = false) {
   // The backward's float32 may widen to 4 where 2 would need over 512 threads (a one-block row up
   // to 8,192 columns: 85% of copy bandwidth there against 63% split over a cluster); 16-bit types
   // would need 64 float sums a thread at 4. With the sums in shared memory (smem_sums) every dtype
   // may widen to 4 where 2 would need over 256 threads: H200, bf16, 16M elements, 2 accesses
   // against 4 where a row-group of 2 fits: 36.0 against 38.7 us at D = 2,048, 51.1 against 55.1 at
   // 10,240 (c8; 4 leaves 24 of 64 lanes idle there), 3% behind at 32,768 (c8).
-  // (The window backward, dx alone, is shaped with smem_sums for its 4 accesses a thread but holds
+  // (The window backward's dx alone is shaped with smem_sums for its 4 accesses a thread but holds
   // no sums: blocks of up to 512 threads, so float32 rows of 65,538 split over 16 blocks fit.)
-  const int max_threads = smem_sums && !window ? kSmemSumsMaxThreads : kMaxThreads;
+  const int max_threads = smem_sums && (!window || window_sums) ? kSmemSumsMaxThreads : kMaxThreads;
   // Narrower accesses hold fewer bytes: the backward may take 8 of them, so that rows of 65,538
   // 16-bit columns (4-byte accesses) still fit 16 blocks; not 8 of 8 bytes with the sums in
   // registers in 16-bit (ptxas, sm_90: 476 bytes of spill in bf16). float32 takes 8 of 8 bytes
@@ -542,16 +546,19 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // vectors of kW floats (a warp's vectors contiguous: no bank conflicts), read, added to and written
 // back once a row, instead of 2 x kNv x kV registers: in 16-bit, those registers (more than the
 // packed x and dy) are what kept the kernel at 2 blocks an SM with 64 bytes a thread in flight.
-// kWin (the base of bwd_wide_win_c*_cols; 16-byte packs, no kSmemSums): dx alone, for rows not
-// 16-byte aligned, through their windows as fwd_wide_body's kWin (one row-group a block, one lead
-// a block, gamma staged shifted by it); dy or dx at another lead than x an element at a time.
+// kWin (16-byte packs): rows not 16-byte aligned, through their windows as fwd_wide_body's kWin
+// (one row-group a block, one lead a block, gamma staged shifted by it); dy or dx at another lead
+// than x an element at a time. Without kSmemSums dx alone (the base of bwd_wide_win_c*_cols); with
+// it (bwd_wide_win_c*_smem) the sums too, in each thread's slots by window position (a thread's
+// positions are the same columns at every row its block visits: one lead), written to the
+// partial row by column (position - lead) at the end.
 // kClustered: the launch's clusters have more than one block (as the forward's): the one-block
 // variants (c1) get instantiations without the exchange, its mbarriers and cluster barriers.
 template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, bool kClustered>
 __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
                                   kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part, const int inbox) {
-  static_assert(!kWin || (!kSmemSums && kBytes == 16));
+  static_assert(!kWin || kBytes == 16);
   constexpr bool kRegSums = !kSmemSums && !kWin;  // dgamma/dbeta summed in registers
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
   // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
@@ -751,7 +758,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster_leave_arrive();  // waited for at the end, after the partial rows
 #endif
-  if constexpr (kWin) {
+  if constexpr (kWin && !kSmemSums) {
     // dx alone: no sums
   } else if constexpr (kSmemSums) {
     if (p.dgamma || p.dbeta) {  // uniform over the grid
@@ -783,10 +790,24 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
           if (a >= a1) continue;
 #pragma unroll
           for (int which = 0; which < 2; ++which) {
-            // cols is a multiple of kV: the row's start, and a * kV, are kW-float aligned
-            Sum* dst = reinterpret_cast<Sum*>(partials + (which * clusters + cid) * cols + a * kV);
+            if constexpr (kWin) {
+              // by column: the row's positions [lead, end) only, a float at a time (once a kernel)
+              float* dst = partials + (which * clusters + cid) * cols;
 #pragma unroll
-            for (int j = 0; j < kQ; ++j) dst[j] = slot(i, which * kQ + j);
+              for (int j = 0; j < kQ; ++j) {
+                Sum v = slot(i, which * kQ + j);
+#pragma unroll
+                for (int k = 0; k < kW; ++k) {
+                  const int pos = static_cast<int>(a * kV) + j * kW + k;
+                  if (pos >= lead && pos < end) dst[pos - lead] = sum_lane<kW>(v, k);
+                }
+              }
+            } else {
+              // cols is a multiple of kV: the row's start, and a * kV, are kW-float aligned
+              Sum* dst = reinterpret_cast<Sum*>(partials + (which * clusters + cid) * cols + a * kV);
+#pragma unroll
+              for (int j = 0; j < kQ; ++j) dst[j] = slot(i, which * kQ + j);
+            }
           }
         }
       }
@@ -1119,21 +1140,38 @@ cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
   });
 }
 
-// The window backward's dx alone (the base of bwd_wide_win_c*_cols, which sums dgamma and dbeta
-// down the columns): it says no where they are asked of it. Shaped as the backward with its sums
-// in shared memory (up to 4 packs a thread, 256 threads a block), which it does not hold.
-template <int kCluster>
+// The window backward: dx alone (kSums false: the base of bwd_wide_win_c*_cols, which sums dgamma
+// and dbeta down the columns; it says no where they are asked of it), shaped as the backward with
+// its sums in shared memory (up to 4 packs a thread) in blocks of up to 512 threads, since it holds
+// none; or with the sums (kSums: bwd_wide_win_c*_smem) in shared memory by window position, blocks
+// of up to 256 threads, one partial row a cluster as bwd_wide_c*_smem.
+template <int kCluster, bool kSums>
+WideShape bwd_win_shape(const BwdParams& p) {
+  return wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true, kSums);
+}
+
+// The window backward's clusters: the backward's (bwd_clusters), within the workspace, then a
+// multiple of the rows' lead period (window_clusters), which may round a count under one period up
+// to one: run() checks that the workspace still holds their partial rows.
+template <bool kSums, typename K>
+int64_t bwd_win_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster, int64_t cap) {
+  int64_t n = bwd_clusters(kernel, p, s, cluster, kSums);
+  n = n < cap ? n : cap;
+  return window_clusters(n, p.rows, p.cols, p.dtype);
+}
+
+template <int kCluster, bool kSums>
 bool bwd_wide_win_supports(const BwdParams& p) {
-  if (p.dgamma || p.dbeta) return false;
+  if (!kSums && (p.dgamma || p.dbeta)) return false;
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma})) return false;
-  const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);
+  const WideShape s = bwd_win_shape<kCluster, kSums>(p);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = bwd_smem_bytes(s, p.dtype, false, kCluster);
+  const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSums, kCluster);
   return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
-             auto kernel = bwd_wide_entry<T, kNv, kBytes, false, true, kCluster>();
+             auto kernel = bwd_wide_entry<T, kNv, kBytes, kSums, true, kCluster>();
              if (shape_fits(kernel, s, smem, kCluster, p.device) &&
-                 window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype) > 0)
+                 bwd_win_clusters<kSums>(kernel, p, s, kCluster, int64_t{1} << 30) > 0)
                return cudaSuccess;
            }
            return cudaErrorInvalidValue;
@@ -1141,28 +1179,57 @@ bool bwd_wide_win_supports(const BwdParams& p) {
 }
 
 template <int kCluster>
+std::size_t bwd_wide_win_workspace(const BwdParams& p) {
+  if ((!p.dgamma && !p.dbeta) ||
+      !window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma}))
+    return 0;
+  const WideShape s = bwd_win_shape<kCluster, true>(p);
+  std::size_t bytes = 0;
+  with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
+    if constexpr (kBytes == 16) {
+      bytes = 2 *
+              static_cast<std::size_t>(bwd_win_clusters<true>(bwd_wide_entry<T, kNv, kBytes, true, true, kCluster>(),
+                                                              p, s, kCluster, int64_t{1} << 30)) *
+              static_cast<std::size_t>(p.cols) * sizeof(float);
+    }
+    return cudaSuccess;
+  });
+  return bytes;
+}
+
+template <int kCluster, bool kSums>
 cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
-  if (p.dgamma || p.dbeta) return cudaErrorInvalidValue;
+  if (!kSums && (p.dgamma || p.dbeta)) return cudaErrorInvalidValue;
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.dy, p.dx, p.gamma}))
     return cudaErrorInvalidValue;
-  if (!p.dx) return cudaSuccess;
-  const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, true, true, true);
+  const bool want_params = p.dgamma || p.dbeta;
+  if (!p.dx && !want_params) return cudaSuccess;
+  const WideShape s = bwd_win_shape<kCluster, kSums>(p);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, true>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
     if constexpr (kBytes != 16) {
       return cudaErrorInvalidValue;
     } else {
-      auto kernel = bwd_wide_entry<T, kNv, kBytes, false, true, kCluster>();
+      auto kernel = bwd_wide_entry<T, kNv, kBytes, kSums, true, kCluster>();
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
       }
-      const std::size_t smem = bwd_smem_bytes(s, p.dtype, false, kCluster);
+      const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSums, kCluster);
       if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-      const int64_t clusters = window_clusters(bwd_clusters(kernel, p, s, kCluster, false), p.rows, p.cols, p.dtype);
+      const int64_t clusters =
+          bwd_win_clusters<kSums>(kernel, p, s, kCluster, grid_within_workspace(int64_t{1} << 30, p));
       if (clusters < 1) return cudaErrorInvalidValue;
-      return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                    kCluster, p, s.part, bwd_inbox_at(s, p.dtype, false, kCluster));
+      if (want_params &&
+          2 * static_cast<std::size_t>(clusters) * static_cast<std::size_t>(p.cols) * sizeof(float) > p.workspace_size)
+        return cudaErrorInvalidValue;
+      if (const cudaError_t err =
+              launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                     kCluster, p, s.part, bwd_inbox_at(s, p.dtype, kSums, kCluster));
+          err != cudaSuccess)
+        return err;
+      if (!want_params) return cudaSuccess;
+      return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(clusters), stream);
     }
   });
 }
@@ -1182,8 +1249,11 @@ cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
   template cudaError_t fwd_wide_win_run<C, true>(const FwdParams&, cudaStream_t); \
   template bool fwd_wide_win_supports<C, false>(const FwdParams&);             \
   template cudaError_t fwd_wide_win_run<C, false>(const FwdParams&, cudaStream_t); \
-  template bool bwd_wide_win_supports<C>(const BwdParams&);                    \
-  template cudaError_t bwd_wide_win_run<C>(const BwdParams&, cudaStream_t);
+  template bool bwd_wide_win_supports<C, false>(const BwdParams&);             \
+  template cudaError_t bwd_wide_win_run<C, false>(const BwdParams&, cudaStream_t); \
+  template bool bwd_wide_win_supports<C, true>(const BwdParams&);              \
+  template std::size_t bwd_wide_win_workspace<C>(const BwdParams&);            \
+  template cudaError_t bwd_wide_win_run<C, true>(const BwdParams&, cudaStream_t);
 HFNN_WIDE(1)
 HFNN_WIDE(2)
 HFNN_WIDE(4)

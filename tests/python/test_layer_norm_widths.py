@@ -168,7 +168,8 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     1,024 to 4,096 aligned to 4 bytes or more, and the window variants to every row not 16-byte
     aligned up to 2,041 columns in 16-bit (1,021 in float32), bwd_win_tpr32_smem to those of more
     than 8 elements a lane, the one-block wide window variants to every such row of 32 to 4,096
-    packs (the backward to 2,048) and to no 16-byte row, and bwd_block_win to exactly the rows
+    packs (the backward's dx to 2,048, with its sums to 1,024) and to no 16-byte row, and
+    bwd_block_win to exactly the rows
     aligned to one element. x and dy sit at the offset and dx is
     fresh, so the window variants' element-at-a-time path for tensors of another lead runs here."""
     variants = hfnn.layer_norm_variants()
@@ -213,6 +214,9 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
                     takers += ("fwd_wide_win_c1",)
                 if 32 <= packs <= 2048:
                     takers += ("bwd_wide_win_c1_cols",)
+                # With its sums in shared memory, blocks of up to 256 threads of 4 packs.
+                if 32 <= packs <= 1024:
+                    takers += ("bwd_wide_win_c1_smem",)
             elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, "fwd_wide_win_c1"):
                 failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: fwd_wide_win_c1 takes a 16-byte row")
             # bwd_block_win takes exactly the rows aligned to one element (odd widths, odd offsets);
