@@ -53,7 +53,9 @@ struct BwdParams {
   void* dgamma = nullptr;       // [cols] or null
   void* dbeta = nullptr;        // [cols] or null
   void* workspace = nullptr;    // workspace_bytes(params) bytes of device memory, or null if that is 0
-  std::size_t workspace_size = 0;  // bytes at `workspace`: run() never uses more (a smaller grid instead)
+  // bytes at `workspace`: run() never uses more (a smaller grid instead; an error where even its
+  // smallest grid does not fit, e.g. bwd_wide_win_c*_smem's one lead period of partial rows)
+  std::size_t workspace_size = 0;
   int64_t rows = 0;
   int64_t cols = 0;
   DType dtype = DType::kFloat32;

@@ -960,7 +960,7 @@ int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int clust
   return n > 0 ? n : 1;
 }
 
-// The window variants (fwd_wide_win_c*, bwd_wide_win_c*_cols) take rows that are not 16-byte
+// The window variants (fwd_wide_win_c*, bwd_wide_win_c*_cols and _smem) take rows that are not 16-byte
 // aligned (16-byte rows are the other wide variants'), every tensor aligned to its element, rows
 // whose window positions fit an int.
 bool window_rows(int64_t rows, int64_t cols, DType dtype, int device, std::initializer_list<const void*> pointers) {
