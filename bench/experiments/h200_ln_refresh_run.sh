@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200's LayerNorm sweep brought to the kernels of 2026-11-27 (every wide variant and the *_cols
 # variants changed since its last sweep: the pushed exchange, the exchange by st.async, the one-block
-# backward's own instantiations, the column sums' rows in flight) and the built-in choice rebuilt
+# backward's own instantiations, the column sums' rows in flight and by row count; and new since:
+# the window backward's own sums, bwd_wide_win_c*_smem, in PART 1) and the built-in choice rebuilt
 # from both GPUs' sweeps and checked there: two device calls, each about 450 s, on an H200 only (on
 # another GPU it says so and stops). Build first, here: bash scripts/device_wheel.sh (carry .devbuild).
 #   PART=1 bash bench/experiments/h200_ln_refresh_run.sh    every bwd_wide* variant -> OUT/h200-part1.json
