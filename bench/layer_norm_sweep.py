@@ -430,13 +430,16 @@ def summarize(records) -> str:
             if pct(bf) < 0.8 or pct(bb) < 0.8:
                 verdicts["below_80"].append(f"{label}: fwd {pct(bf):.0%}, bwd {pct(bb):.0%}")
         if rows:
-            standing.append(standing_row(dtype, rows))
-    if standing:
-        out.append("\n### Where the best variant stands (16M elements; % of copy over rows 16-byte aligned)\n")
+            standing.append((dtype, rows))
+    for aligned, which in ((True, "rows 16-byte aligned; torch.compile and torch over every width"),
+                           (False, "rows not 16-byte aligned; torch.compile and torch over those")):
+        if not standing:
+            break
+        out.append(f"\n### Where the best variant stands (16M elements; % of copy over {which})\n")
         out.append("| dtype | widths at >= 80%, fwd and bwd | forward at >= 80% | backward at >= 80% | best fwd / bwd "
                    "range | fwd+bwd faster than torch.compile | best vs torch, median |")
         out.append("|---|---|---|---|---|---|---|")
-        out += standing
+        out += [standing_row(dtype, rows, aligned) for dtype, rows in standing]
     out += compile_lines(records, verdicts["behind_compile"])
     out += floor_lines(records)
     checks = default_checks(records)
@@ -539,22 +542,26 @@ def floor_lines(records) -> list:
     return out
 
 
-def standing_row(dtype, rows) -> str:
+def standing_row(dtype, rows, aligned=True) -> str:
     """One dtype's line of summarize's standing table from its rows (D, 16-byte aligned, fwd % of
     copy, bwd %, best vs torch, best vs torch.compile or None): the 80% counts and ranges over the
-    aligned widths (unaligned ones have their own kernels and verdicts), the torch.compile count and
-    the median against torch over every width."""
-    al = [r for r in rows if r[1]]
+    widths whose rows are 16-byte aligned (`aligned`), or over the others, which have kernels of
+    their own (a table each); the torch.compile count and the median against torch over every
+    width in the first table, over the others alone in the second."""
+    al = [r for r in rows if r[1] == aligned]
+    if not al:
+        return f"| {dtype} | no width | | | | | |"
     f80 = sum(1 for r in al if r[2] >= 0.8)
     b80 = sum(1 for r in al if r[3] >= 0.8)
     both = sum(1 for r in al if r[2] >= 0.8 and r[3] >= 0.8)
     rng = (f"{min(r[2] for r in al):.0%}-{max(r[2] for r in al):.0%} / {min(r[3] for r in al):.0%}-"
            f"{max(r[3] for r in al):.0%}") if al else "—"
-    timed = [r for r in rows if r[5] is not None]
+    scope = rows if aligned else al
+    timed = [r for r in scope if r[5] is not None]
     wins = sum(1 for r in timed if r[5] > 1)
     return (f"| {dtype} | {both} of {len(al)} | {f80} | {b80} | {rng} | "
             f"{f'{wins} of {len(timed)}' if timed else 'not measured'} | "
-            f"{statistics.median(r[4] for r in rows):.2f}x over {len(rows)} widths |")
+            f"{statistics.median(r[4] for r in scope):.2f}x over {len(scope)} widths |")
 
 
 def compare(base, new) -> str:

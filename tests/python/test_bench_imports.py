@@ -95,7 +95,8 @@ def test_layer_norm_sweep_compare_reads_two_runs(tmp_path):
 def test_layer_norm_sweep_summary_states_where_the_best_variant_stands(monkeypatch):
     """`--summarize`'s standing table (bench/README's "where the best variant stands") comes from the
     records: 80% counts and ranges over the 16-byte-aligned widths only, the torch.compile count and
-    the median against torch over every width."""
+    the median against torch over every width; then the same table over the widths not 16-byte
+    aligned, its torch.compile count and median over those alone."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the script imports its folder's _bench
     spec = importlib.util.spec_from_file_location("layer_norm_sweep", ROOT / "bench" / "layer_norm_sweep.py")
     sweep = importlib.util.module_from_spec(spec)
@@ -119,6 +120,9 @@ def test_layer_norm_sweep_summary_states_where_the_best_variant_stands(monkeypat
     # aligned: 1 width, fwd at 85% (counted), bwd at 70% (not); compile beaten at 1024 only; medians of
     # torch/best: 1024 -> 120/30 = 4.0, 1023 -> 140/70 = 2.0: median 3.0
     assert line == "| bfloat16 | 0 of 1 | 1 | 0 | 85%-85% / 70%-70% | 1 of 2 | 3.00x over 2 widths |", out
+    # not aligned: D = 1023 alone, 40% both ways, behind torch.compile, torch/best 140/70 = 2.0
+    lines = [l for l in out.splitlines() if l.startswith("| bfloat16 |")]
+    assert lines[1] == "| bfloat16 | 0 of 1 | 0 | 0 | 40%-40% / 40%-40% | 0 of 1 | 2.00x over 1 widths |", out
 
 
 def test_layer_norm_sweep_summary_states_the_floor_of_a_copy_of_the_same_bytes(monkeypatch):
