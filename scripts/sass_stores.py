@@ -86,6 +86,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.lib.is_file():
         fail(f"--lib {args.lib}: no such file (build it with bash scripts/device_wheel.sh, or name another)")
+    if shutil.which("c++filt") is None:
+        fail("c++filt not found: install binutils (it names the kernels)")
     cuobjdump = tool("cuobjdump", args.fetch)
     nvdisasm = tool("nvdisasm", args.fetch)
     env = dict(os.environ, PATH=f"{os.path.dirname(nvdisasm)}:{os.environ.get('PATH', '')}")

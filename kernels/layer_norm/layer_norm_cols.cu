@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kLanes * kSlices) param_cols_kernel(const BwdP
     const T* __restrict__ x = static_cast<const T*>(p.x) + a * kV;
     const T* __restrict__ dy = static_cast<const T*>(p.dy) + a * kV;
     int64_t r = slice;
-    // kN rows' loads in flight before their adds (in row order): kAtOnce at a time, then 4 (few
-    // rows: 85 of 12,289 columns take no step of 16), then the rest one at a time.
+    // kN rows' loads in flight before their adds (in row order): kAtOnce at a time, then 4 (the rows
+    // left under a step of kAtOnce), then the rest one at a time.
     auto rows_at_once = [&]<int kN>() {
       for (; r + (kN - 1) * kSlices < p.rows; r += kN * kSlices) {
         Pack<T, kBytes> xs[kN], ds[kN];

@@ -1220,9 +1220,7 @@ cudaError_t bwd_wide_win_run(const BwdParams& p, cudaStream_t stream) {
       const int64_t clusters =
           bwd_win_clusters<kSums>(kernel, p, s, kCluster, grid_within_workspace(int64_t{1} << 30, p));
       if (clusters < 1) return cudaErrorInvalidValue;
-      if (want_params &&
-          2 * static_cast<std::size_t>(clusters) * static_cast<std::size_t>(p.cols) * sizeof(float) > p.workspace_size)
-        return cudaErrorInvalidValue;
+      if (grid_within_workspace(clusters, p) < clusters) return cudaErrorInvalidValue;  // one period rounded up
       if (const cudaError_t err =
               launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
                      kCluster, p, s.part, bwd_inbox_at(s, p.dtype, kSums, kCluster));
