@@ -160,6 +160,22 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) 
   return make_float2(group_sum<32>(v.x), group_sum<32>(v.y));
 }
 
+// Asynchronous copies global -> shared memory (compute capability 8.0 and later), no registers in
+// between, 16 bytes (.cg: not kept in L1); async_commit() closes this thread's group of
+// copies so far, async_wait<N>() returns once at most N of its groups are still in flight (its own
+// copies only: a barrier follows before other threads read them).
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void async_copy16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Calls f.template operator()<T>() with T the CUDA type of `dtype`.
 template <typename F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {

@@ -103,6 +103,14 @@ constexpr BwdVariant bwd_window(std::string_view name) {
           &bwd_window_supports<kTpr, kSmem>, &bwd_window_workspace<kTpr, kSmem>, &bwd_window_run<kTpr, kSmem>};
 }
 
+template <int kTpr>
+constexpr FwdVariant fwd_flat(std::string_view name) {
+  return {name,
+          "narrow rows at any alignment: tiles of consecutive rows moved in 16-byte packs through shared memory, a "
+          "group of threads a row",
+          &fwd_flat_supports<kTpr>, &fwd_flat_run<kTpr>};
+}
+
 constexpr std::array kFwd = {
     fwd_regs<4, 1>("fwd_regs_tpr4"),
     fwd_regs<8, 1>("fwd_regs_tpr8"),
@@ -140,6 +148,10 @@ constexpr std::array kFwd = {
     fwd_wide_win<4, false>("fwd_wide_win_c4_direct"),
     fwd_wide_win<8, false>("fwd_wide_win_c8_direct"),
     fwd_wide_win<16, false>("fwd_wide_win_c16_direct"),
+    fwd_flat<4>("fwd_flat_tpr4"),
+    fwd_flat<8>("fwd_flat_tpr8"),
+    fwd_flat<16>("fwd_flat_tpr16"),
+    fwd_flat<32>("fwd_flat_tpr32"),
 };
 
 constexpr std::array kBwd = {

@@ -52,6 +52,12 @@ template <int kTpr, bool kSmemSums> bool bwd_window_supports(const BwdParams& p)
 template <int kTpr, bool kSmemSums> std::size_t bwd_window_workspace(const BwdParams& p);
 template <int kTpr, bool kSmemSums> cudaError_t bwd_window_run(const BwdParams& p, cudaStream_t stream);
 
+// The forward of narrow rows at any alignment through flat tiles of consecutive rows in shared
+// memory, moved in 16-byte packs; kTpr threads a row, rows of up to 16 x kTpr columns
+// (layer_norm_flat.cu).
+template <int kTpr> bool fwd_flat_supports(const FwdParams& p);
+template <int kTpr> cudaError_t fwd_flat_run(const FwdParams& p, cudaStream_t stream);
+
 // A backward variant Run's dx alone (dgamma and dbeta dropped: no partials, no reduction kernel),
 // then dgamma and dbeta summed down the columns from x, dy, mean and rstd by a kernel of their own
 // (layer_norm_cols.cu): few, wide rows. No workspace.

@@ -77,6 +77,7 @@ struct WideShape {
   int bytes = 16;
   int64_t part = 0;
   int64_t acc = 0;  // accesses a row (window: 16-byte packs that cover it from any lead)
+  int slots = 0;     // the backward's sums in shared memory: threads whose slots it holds (the stride)
   bool ok() const { return threads > 0; }
 };
 
@@ -138,6 +139,9 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   s.threads = static_cast<int>(threads);
   const int rows = (backward ? kBwdBlockThreads : kFwdBlockThreads) / s.threads;
   s.rows = window || rows < 1 ? 1 : (rows > kMaxGroupRows ? kMaxGroupRows : rows);
+  // The window backward's slots in clusters of 16 strided by its own block (one row-group), the
+  // others' by the largest block (bwd_wide_kernel's slot_stride).
+  s.slots = window_sums && cluster == 16 ? s.threads : kSmemSumsMaxThreads;
   return s;
 }
 
@@ -573,8 +577,6 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   constexpr int kStride = kSmemSumsMaxThreads;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   Sum* const sums = reinterpret_cast<Sum*>(fold) + tid;
-  // This thread's vector j of access i: dgamma's at j < kQ, dbeta's at kQ + j.
-  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * kStride]; };
   __shared__ float2 red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
@@ -583,6 +585,12 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #endif
   const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
   const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
+  // kWin in clusters of 16: strided by the block's own threads (one row-group; wide_shape's slots),
+  // so its small blocks (160 threads at 65,538 16-bit columns) do not take 256 threads' slots: 3
+  // blocks an SM instead of 2 there, 1.12x (bench/README.md, "The window backward's sum slots").
+  const int slot_stride = kWin && C == 16 ? static_cast<int>(blockDim.x) : kStride;
+  // This thread's vector j of access i: dgamma's at j < kQ, dbeta's at kQ + j.
+  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * slot_stride]; };
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const int lead = kWin ? row_lead<T>(p.x, (cid * blockDim.y + group) * cols) : 0;
@@ -610,7 +618,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   // as floats (1 where there is none), and read there twice a row: no global load, unpack or null
   // test a row.
   float* const gamma_s =
-      fold + (kSmemSums ? kStride * kNv * kV * 2 : (blockDim.y > 1 ? static_cast<int64_t>(part) * kV : 0));
+      fold + (kSmemSums ? slot_stride * kNv * kV * 2 : (blockDim.y > 1 ? static_cast<int64_t>(part) * kV : 0));
   float dg[kRegSums ? kNv : 1][kV], db[kRegSums ? kNv : 1][kV];
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
@@ -926,8 +934,8 @@ int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster) {
 std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
   const std::size_t vec = static_cast<std::size_t>(s.bytes) / dtype_size(dtype);  // elements an access
   const std::size_t gamma = static_cast<std::size_t>(s.part) * vec * sizeof(float);
-  if (smem_sums)  // 2 x nv x vec float sums for each thread of the largest block (the slots' stride)
-    return static_cast<std::size_t>(kSmemSumsMaxThreads) * s.nv * vec * 2 * sizeof(float) + gamma;
+  if (smem_sums)  // 2 x nv x vec float sums for each of s.slots threads (the slots' stride)
+    return static_cast<std::size_t>(s.slots) * s.nv * vec * 2 * sizeof(float) + gamma;
   return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
 }
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {

@@ -170,7 +170,8 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     than 8 elements a lane, the one-block wide window variants to every such row of 32 to 4,096
     packs (the backward's dx to 2,048, with its sums to 1,024) and to no 16-byte row, and
     bwd_block_win to exactly the rows
-    aligned to one element. x and dy sit at the offset and dx is
+    aligned to one element, and the flat forward to every row of up to 16 elements a lane (512
+    columns at tpr32, 64 at tpr4) and no wider one. x and dy sit at the offset and dx is
     fresh, so the window variants' element-at-a-time path for tensors of another lead runs here."""
     variants = hfnn.layer_norm_variants()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} offsets".encode()))
@@ -219,6 +220,14 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
                     takers += ("bwd_wide_win_c1_smem",)
             elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, "fwd_wide_win_c1"):
                 failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: fwd_wide_win_c1 takes a 16-byte row")
+            # The flat forward takes every row of up to 16 elements a lane, at any alignment, and
+            # no wider one.
+            for tpr in (4, 32):
+                for v in (f"fwd_flat_tpr{tpr}",):
+                    if cols <= 16 * tpr:
+                        takers += (v,)
+                    elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, v):
+                        failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: {v} takes {cols} columns")
             # bwd_block_win takes exactly the rows aligned to one element (odd widths, odd offsets);
             # wider-aligned rows are bwd_block's.
             element_only = cols % 2 == 1 or offset % 2 == 1

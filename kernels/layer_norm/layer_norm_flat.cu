@@ -1,0 +1,304 @@
+// The LayerNorm forward for narrow rows at any alignment, moved through flat tiles in shared memory.
+//
+//   fwd_flat_tpr{4,8,16,32}
+//     A block takes a TILE of consecutive rows, which are one span of memory whatever the rows'
+//     width: it is copied in 16-byte packs into shared memory (cp.async, the next tile in flight
+//     while this one is computed), the rows are computed there (kTpr threads a row, a lane's
+//     elements in registers, as fwd_regs), y is written over x in place and leaves in 16-byte
+//     stores, an element at a time only in the tile's first and last packs (shared with the
+//     neighbouring tiles). The *_regs and window variants move each row on its own: a row of 33
+//     16-bit columns (66 bytes, 8 leads) is 2-byte accesses there (8x the instructions, 1/8 of the
+//     bytes an access), or a window of 5-6 packs whose two ends are written an element at a time;
+//     here it is 66 of the tile's 16,384 bytes. H100, 16M elements: 33 columns 55% of copy
+//     bandwidth against 44% (bf16) and 79% against 70% (float32), 127 bf16 columns 74% against 59%
+//     (bench/README.md, "Narrow rows through flat tiles").
+//
+//     x's tile sits in shared memory at its own pack alignment (element e of the tile at e + off,
+//     off its first element's offset in its 16 bytes), so x and y may each start anywhere in their
+//     16 bytes: a y at x's offset leaves in whole packs from shared memory, one at another offset
+//     is gathered an element at a time there (never in global memory: every global access is a
+//     16-byte pack but the tile's two ends).
+//
+//     A persistent grid (as many blocks as run at once); a lane's columns (lane + j x kTpr) are
+//     the same in every row, so gamma and beta are read once into its registers. Rows of up to
+//     16 x kTpr columns (16 elements a lane; 512 at kTpr 32), any dtype, any element-aligned
+//     pointers. The same design for the backward (x and dy tiles, dx over dy, dgamma/dbeta in
+//     registers) was measured and not kept: 44-87% of copy bandwidth, below the *_regs and window
+//     backward at every width it takes.
+#include "kernels/common/device.cuh"
+#include "kernels/layer_norm/layer_norm_variants.h"
+#include "kernels/layer_norm/layer_norm_window.cuh"
+
+namespace hfnn::kernels::layer_norm {
+namespace {
+
+constexpr int kFlatBlock = 256;
+// A tensor's tile: about this many bytes of rows (at least a row per row-group, at most
+// kFlatMaxTileRows rows).
+constexpr int kFlatTileBytes = 16 * 1024;
+constexpr int64_t kFlatMaxTileRows = 1024;
+constexpr int kFlatMaxPerLane = 16;
+
+// Elements a lane holds of a row: the smallest of 1, 2, 4, 8 and 16 that covers it; 0 where none.
+int flat_per_lane(int64_t cols, int tpr) {
+  const int64_t need = (cols + tpr - 1) / tpr;
+  for (int e = 1; e <= kFlatMaxPerLane; e *= 2)
+    if (e >= need) return e;
+  return 0;
+}
+
+struct FlatShape {
+  int64_t tile_rows = 0, tiles = 0;
+  int buf = 0;  // elements of one tensor's tile buffer: the tile and its offset, whole packs
+};
+
+FlatShape flat_shape(int64_t rows, int64_t cols, int elem, int tpr) {
+  FlatShape s;
+  const int64_t groups = kFlatBlock / tpr;
+  int64_t r = kFlatTileBytes / (cols * elem);
+  if (r < groups) r = groups;  // cols <= 16 x tpr keeps this within kFlatTileBytes
+  if (r > kFlatMaxTileRows) r = kFlatMaxTileRows;
+  if (r > rows) r = rows;
+  s.tile_rows = r;
+  s.tiles = (rows + r - 1) / r;
+  const int vec = 16 / elem;
+  s.buf = static_cast<int>((r * cols + vec - 1 + vec - 1) / vec * vec);
+  return s;
+}
+
+// The offset of element e of the tensor at p in its 16-byte pack.
+template <typename T>
+__device__ __forceinline__ int pack_offset(const T* p, int64_t e) {
+  constexpr int kV = kVec<T, 16>;
+  const int first = static_cast<int>((reinterpret_cast<std::uintptr_t>(p) % 16) / sizeof(T));
+  return static_cast<int>((first + e % kV) % kV);
+}
+
+// One 16-byte store, as one instruction (a plain store of the uint4 may come out as four).
+__device__ __forceinline__ void store16(void* p, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Starts copying elements [e0, e0 + n) of src into buf at their own pack alignment: element e at
+// buf[e - e0 + pack_offset(src, e0)], whole packs by cp.async. The packs at the two ends hold
+// other rows' elements (or bytes past the tensor inside the same 16 bytes, which a load cannot
+// fault on: allocations are at least 256-byte aligned); they are never written back.
+template <typename T>
+__device__ __forceinline__ void issue_tile(T* buf, const T* src, int64_t e0, int n) {
+  constexpr int kV = kVec<T, 16>;
+  const int off = pack_offset(src, e0);
+  const T* first = src + e0 - off;
+  const int packs = (off + n + kV - 1) / kV;
+  for (int k = threadIdx.x; k < packs; k += kFlatBlock) async_copy16(buf + k * kV, first + k * kV);
+}
+
+// Elements [e0, e0 + n) of out from buf (element e at buf[e - e0 + src_off]): whole 16-byte packs,
+// the first and last an element at a time where they hold elements outside the range (the
+// neighbouring tiles', written by other blocks).
+template <typename T>
+__device__ __forceinline__ void store_tile(T* out, int64_t e0, int n, const T* buf, int src_off) {
+  constexpr int kV = kVec<T, 16>;
+  const int off = pack_offset(out, e0);
+  T* first = out + e0 - off;
+  const int packs = (off + n + kV - 1) / kV;
+  for (int k = threadIdx.x; k < packs; k += kFlatBlock) {
+    const int s0 = k * kV - off;  // the pack's first element, relative to e0
+    if (s0 >= 0 && s0 + kV <= n) {
+      uint4 v;
+      if (off == src_off) {
+        v = reinterpret_cast<const uint4*>(buf)[k];
+      } else {
+        T e[kV];
+#pragma unroll
+        for (int i = 0; i < kV; ++i) e[i] = buf[src_off + s0 + i];
+        memcpy(&v, e, 16);
+      }
+      store16(first + k * kV, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kV; ++i)
+        if (s0 + i >= 0 && s0 + i < n) first[k * kV + i] = buf[src_off + s0 + i];
+    }
+  }
+}
+
+// A tile's place: its first row, rows, first element and elements.
+struct Tile {
+  int64_t row0, e0;
+  int rows, n;
+  __device__ __forceinline__ Tile(int64_t tile, int64_t tile_rows, int64_t rows_total, int cols) {
+    row0 = tile * tile_rows;
+    rows = static_cast<int>(rows_total - row0 < tile_rows ? rows_total - row0 : tile_rows);
+    e0 = row0 * cols;
+    n = rows * cols;
+  }
+};
+
+// ---- forward ---------------------------------------------------------------------------------------
+
+// Dynamic shared memory: two tile buffers (the tile being computed and the next one arriving).
+std::size_t flat_fwd_smem(const FlatShape& s, int elem) { return 2 * static_cast<std::size_t>(s.buf) * elem; }
+
+// Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) at 8, 2 at 16.
+constexpr int fwd_flat_min_blocks(int e) { return e <= 4 ? 4 : (e == 8 ? 3 : 2); }
+
+template <typename T, int kTpr, int kE>
+__global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
+    fwd_flat_kernel(const FwdParams p, int64_t tile_rows, int64_t tiles, int buf_elems) {
+  extern __shared__ float4 flat_smem[];
+  constexpr int kGroups = kFlatBlock / kTpr;
+  constexpr int kGroupsPerWarp = 32 / kTpr;
+  const int cols = static_cast<int>(p.cols);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  T* const bufs = reinterpret_cast<T*>(flat_smem);
+  const int lane = threadIdx.x % kTpr;
+  const int warp_first = (threadIdx.x / 32) * kGroupsPerWarp;
+  const int group_in_warp = (threadIdx.x % 32) / kTpr;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(p.beta);
+  wait_for_previous_grid();
+  allow_next_grid();
+  int64_t tile = blockIdx.x;
+  if (tile < tiles) {
+    const Tile t(tile, tile_rows, p.rows, cols);
+    issue_tile(bufs, x, t.e0, t.n);
+  }
+  async_commit();
+  // A lane's columns are the same in every row: gamma and beta in registers, read once.
+  float gr[kE], br[kE];
+#pragma unroll
+  for (int j = 0; j < kE; ++j) {
+    const int c = lane + j * kTpr;
+    gr[j] = c < cols && gamma ? to_float(gamma[c]) : 1.f;
+    br[j] = c < cols && beta ? to_float(beta[c]) : 0.f;
+  }
+  for (int it = 0; tile < tiles; tile += gridDim.x, ++it) {
+    T* const buf = bufs + (it & 1) * buf_elems;
+    if (tile + gridDim.x < tiles) {  // the next tile into the other buffer, in flight through this one
+      const Tile t(tile + gridDim.x, tile_rows, p.rows, cols);
+      issue_tile(bufs + ((it + 1) & 1) * buf_elems, x, t.e0, t.n);
+    }
+    async_commit();
+    async_wait<1>();
+    __syncthreads();  // the tile in shared memory
+    const Tile t(tile, tile_rows, p.rows, cols);
+    const int off = pack_offset(x, t.e0);
+    // Whole warps iterate together (the bound is the warp's first row-group's row), so every
+    // shuffle sees all 32 lanes; rows past the tile compute on zeros and store nothing.
+    for (int r0 = warp_first; r0 < t.rows; r0 += kGroups) {
+      const int r = r0 + group_in_warp;
+      const bool valid = r < t.rows;
+      T* row = buf + off + r * cols;
+      float v[kE];
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kE; ++j) {
+        const int c = lane + j * kTpr;
+        v[j] = valid && c < cols ? to_float(row[c]) : 0.f;
+        sum += v[j];
+      }
+      const float mean = group_sum<kTpr>(sum) * inv_cols;
+      float sq = 0.f;
+#pragma unroll
+      for (int j = 0; j < kE; ++j) {
+        const float d = lane + j * kTpr < cols ? v[j] - mean : 0.f;
+        sq += d * d;
+      }
+      const float rstd = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
+      if (!valid) continue;
+#pragma unroll
+      for (int j = 0; j < kE; ++j) {
+        const int c = lane + j * kTpr;
+        // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
+        if (c < cols) row[c] = from_float<T>(fmaf((v[j] - mean) * rstd, gr[j], br[j]));
+      }
+      if (lane == 0 && p.mean) {
+        p.mean[t.row0 + r] = mean;
+        p.rstd[t.row0 + r] = rstd;
+      }
+    }
+    __syncthreads();  // every row of the tile written
+    store_tile(y, t.e0, t.n, buf, off);
+    __syncthreads();  // the next iteration's copies overwrite what the stores read
+  }
+}
+
+// ---- host ------------------------------------------------------------------------------------------
+
+// Calls f.template operator()<T, kE>() for the dtype and the elements a lane holds (the caller
+// has checked that kTpr's 16 cover the row: flat_rows_ok).
+template <int kTpr, typename F>
+auto dispatch_flat(DType dtype, int64_t cols, F&& f) {
+  const int e = flat_per_lane(cols, kTpr);
+  return dispatch_dtype(dtype, [&]<typename T>() {
+    switch (e) {
+      case 1: return f.template operator()<T, 1>();
+      case 2: return f.template operator()<T, 2>();
+      case 4: return f.template operator()<T, 4>();
+      case 8: return f.template operator()<T, 8>();
+      default: return f.template operator()<T, 16>();
+    }
+  });
+}
+
+bool flat_rows_ok(int64_t rows, int64_t cols, int tpr, int elem, std::initializer_list<const void*> pointers) {
+  return rows > 0 && cols > 0 && flat_per_lane(cols, tpr) > 0 && elem_aligned(pointers, elem);
+}
+
+// Blocks of `kernel` resident at once over the device at `smem` bytes, remembered per kernel,
+// size and device (the occupancy query costs microseconds a call).
+template <typename K>
+int64_t flat_resident(K kernel, std::size_t smem, const DeviceInfo& device) {
+  thread_local const void* cached_kernel = nullptr;
+  thread_local std::size_t cached_smem = 0;
+  thread_local int cached_device = -2;
+  thread_local int64_t cached = 1;
+  if (cached_kernel != reinterpret_cast<const void*>(kernel) || cached_smem != smem || cached_device != device.device) {
+    if (allow_smem(kernel, smem) != cudaSuccess) (void)cudaGetLastError();
+    cached = resident_blocks(kernel, kFlatBlock, smem, device.sm_count);
+    cached_kernel = reinterpret_cast<const void*>(kernel);
+    cached_smem = smem;
+    cached_device = device.device;
+  }
+  return cached;
+}
+
+}  // namespace
+
+template <int kTpr>
+bool fwd_flat_supports(const FwdParams& p) {
+  const int elem = static_cast<int>(dtype_size(p.dtype));
+  if (!flat_rows_ok(p.rows, p.cols, kTpr, elem, {p.x, p.y, p.gamma, p.beta})) return false;
+  const FlatShape s = flat_shape(p.rows, p.cols, elem, kTpr);
+  return dispatch_flat<kTpr>(p.dtype, p.cols, [&]<typename T, int kE>() {
+    return fits(fwd_flat_kernel<T, kTpr, kE>, kFlatBlock, flat_fwd_smem(s, elem), p.device);
+  });
+}
+
+template <int kTpr>
+cudaError_t fwd_flat_run(const FwdParams& p, cudaStream_t stream) {
+  const int elem = static_cast<int>(dtype_size(p.dtype));
+  const FlatShape s = flat_shape(p.rows, p.cols, elem, kTpr);
+  const std::size_t smem = flat_fwd_smem(s, elem);
+  return dispatch_flat<kTpr>(p.dtype, p.cols, [&]<typename T, int kE>() {
+    auto kernel = fwd_flat_kernel<T, kTpr, kE>;
+    const int64_t resident = flat_resident(kernel, smem, p.device);
+    const int grid = static_cast<int>(s.tiles < resident ? s.tiles : resident);
+    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+    return launch_pdl(kernel, grid, kFlatBlock, smem, stream, p, s.tile_rows, s.tiles, s.buf);
+  });
+}
+
+#define HFNN_FLAT(TPR)                                                           \
+  template bool fwd_flat_supports<TPR>(const FwdParams&);                        \
+  template cudaError_t fwd_flat_run<TPR>(const FwdParams&, cudaStream_t);
+HFNN_FLAT(4)
+HFNN_FLAT(8)
+HFNN_FLAT(16)
+HFNN_FLAT(32)
+#undef HFNN_FLAT
+
+}  // namespace hfnn::kernels::layer_norm
