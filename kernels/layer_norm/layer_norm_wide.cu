@@ -585,9 +585,12 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #endif
   const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
   const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
-  // kWin in clusters of 16: strided by the block's own threads (one row-group; wide_shape's slots),
-  // so its small blocks (160 threads at 65,538 16-bit columns) do not take 256 threads' slots: 3
-  // blocks an SM instead of 2 there, 1.12x (bench/README.md, "The window backward's sum slots").
+  // kWin in clusters of 16: strided by the block's own threads (wide_shape's slots), so its small
+  // blocks (160 threads at 65,538 16-bit columns) do not take 256 threads' slots: 3 blocks an SM
+  // instead of 2 there, 1.12x (bench/README.md, "Narrow rows through flat tiles; the window
+  // backward's sum slots in clusters of 16"). blockDim.x is the whole block only because a window
+  // block is one row-group (wide_shape: rows 1 with `window`); more would need x * y here and in
+  // the row-groups' fold below.
   const int slot_stride = kWin && C == 16 ? static_cast<int>(blockDim.x) : kStride;
   // This thread's vector j of access i: dgamma's at j < kQ, dbeta's at kQ + j.
   auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * slot_stride]; };
@@ -783,6 +786,8 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 #pragma unroll
             for (int j = 0; j < 2 * kQ; ++j) {
               Sum mine = slot(i, j);
+              // (kStride: the one stride where blocks have several row-groups; slot_stride differs
+              // only for window blocks, which have one, so this loop never runs for them.)
               Sum before = sums[(i * 2 * kQ + j) * kStride - tpr];
 #pragma unroll
               for (int k = 0; k < kW; ++k) sum_lane<kW>(mine, k) += sum_lane<kW>(before, k);
