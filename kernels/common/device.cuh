@@ -56,6 +56,16 @@ template <typename T, int kBytes>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, kBytes>& v) {
   *reinterpret_cast<PackRaw<kBytes>*>(p) = v.raw;
 }
+// One 16-byte global store as one instruction, written in PTX: a plain store of a uint4 (store_pack)
+// came out as four 4-byte ones (PTX st.global.u32 x 4, SASS STG.E x 4) in the LayerNorm window
+// kernels, and __stwb's st.global.wb as STG.E.128.STRONG.SM. "memory": no load or store of the same
+// memory moves across it. p is 16-byte aligned; T* rather than void*: through a void* the window
+// kernels' address arithmetic came out differently (104 of 244 of them).
+template <typename T>
+__device__ __forceinline__ void store_global16(T* p, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 
 // A pack's 32-bit words (kBytes >= 4).
 template <int kBytes>

@@ -66,28 +66,14 @@ FlatShape flat_shape(int64_t rows, int64_t cols, int elem, int tpr) {
   return s;
 }
 
-// The offset of element e of the tensor at p in its 16-byte pack.
-template <typename T>
-__device__ __forceinline__ int pack_offset(const T* p, int64_t e) {
-  constexpr int kV = kVec<T, 16>;
-  const int first = static_cast<int>((reinterpret_cast<std::uintptr_t>(p) % 16) / sizeof(T));
-  return static_cast<int>((first + e % kV) % kV);
-}
-
-// One 16-byte store, as one instruction (a plain store of the uint4 may come out as four).
-__device__ __forceinline__ void store16(void* p, const uint4& v) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
 // Starts copying elements [e0, e0 + n) of src into buf at their own pack alignment: element e at
-// buf[e - e0 + pack_offset(src, e0)], whole packs by cp.async. The packs at the two ends hold
+// buf[e - e0 + row_lead<T>(src, e0)], whole packs by cp.async. The packs at the two ends hold
 // other rows' elements (or bytes past the tensor inside the same 16 bytes, which a load cannot
 // fault on: allocations are at least 256-byte aligned); they are never written back.
 template <typename T>
 __device__ __forceinline__ void issue_tile(T* buf, const T* src, int64_t e0, int n) {
   constexpr int kV = kVec<T, 16>;
-  const int off = pack_offset(src, e0);
+  const int off = row_lead<T>(src, e0);
   const T* first = src + e0 - off;
   const int packs = (off + n + kV - 1) / kV;
   for (int k = threadIdx.x; k < packs; k += kFlatBlock) async_copy16(buf + k * kV, first + k * kV);
@@ -99,7 +85,7 @@ __device__ __forceinline__ void issue_tile(T* buf, const T* src, int64_t e0, int
 template <typename T>
 __device__ __forceinline__ void store_tile(T* out, int64_t e0, int n, const T* buf, int src_off) {
   constexpr int kV = kVec<T, 16>;
-  const int off = pack_offset(out, e0);
+  const int off = row_lead<T>(out, e0);
   T* first = out + e0 - off;
   const int packs = (off + n + kV - 1) / kV;
   for (int k = threadIdx.x; k < packs; k += kFlatBlock) {
@@ -114,7 +100,7 @@ __device__ __forceinline__ void store_tile(T* out, int64_t e0, int n, const T* b
         for (int i = 0; i < kV; ++i) e[i] = buf[src_off + s0 + i];
         memcpy(&v, e, 16);
       }
-      store16(first + k * kV, v);
+      store_global16(first + k * kV, v);
     } else {
 #pragma unroll
       for (int i = 0; i < kV; ++i)
@@ -185,7 +171,7 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
     async_wait<1>();
     __syncthreads();  // the tile in shared memory
     const Tile t(tile, tile_rows, p.rows, cols);
-    const int off = pack_offset(x, t.e0);
+    const int off = row_lead<T>(x, t.e0);
     // Whole warps iterate together (the bound is the warp's first row-group's row), so every
     // shuffle sees all 32 lanes; rows past the tile compute on zeros and store nothing.
     for (int r0 = warp_first; r0 < t.rows; r0 += kGroups) {
@@ -248,18 +234,17 @@ bool flat_rows_ok(int64_t rows, int64_t cols, int tpr, int elem, std::initialize
   return rows > 0 && cols > 0 && flat_per_lane(cols, tpr) > 0 && elem_aligned(pointers, elem);
 }
 
-// Blocks of `kernel` resident at once over the device at `smem` bytes, remembered per kernel,
-// size and device (the occupancy query costs microseconds a call).
-template <typename K>
-int64_t flat_resident(K kernel, std::size_t smem, const DeviceInfo& device) {
-  thread_local const void* cached_kernel = nullptr;
+// Blocks of kKernel resident at once over the device at `smem` bytes, remembered per kernel,
+// size and device: the occupancy query costs microseconds, and one cache for every kernel would ask
+// it again on every call where widths alternate.
+template <auto kKernel>
+int64_t flat_resident(std::size_t smem, const DeviceInfo& device) {
   thread_local std::size_t cached_smem = 0;
   thread_local int cached_device = -2;
   thread_local int64_t cached = 1;
-  if (cached_kernel != reinterpret_cast<const void*>(kernel) || cached_smem != smem || cached_device != device.device) {
-    if (allow_smem(kernel, smem) != cudaSuccess) (void)cudaGetLastError();
-    cached = resident_blocks(kernel, kFlatBlock, smem, device.sm_count);
-    cached_kernel = reinterpret_cast<const void*>(kernel);
+  if (cached_smem != smem || cached_device != device.device) {
+    if (allow_smem(kKernel, smem) != cudaSuccess) (void)cudaGetLastError();
+    cached = resident_blocks(kKernel, kFlatBlock, smem, device.sm_count);
     cached_smem = smem;
     cached_device = device.device;
   }
@@ -285,7 +270,7 @@ cudaError_t fwd_flat_run(const FwdParams& p, cudaStream_t stream) {
   const std::size_t smem = flat_fwd_smem(s, elem);
   return dispatch_flat<kTpr>(p.dtype, p.cols, [&]<typename T, int kE>() {
     auto kernel = fwd_flat_kernel<T, kTpr, kE>;
-    const int64_t resident = flat_resident(kernel, smem, p.device);
+    const int64_t resident = flat_resident<&fwd_flat_kernel<T, kTpr, kE>>(smem, p.device);
     const int grid = static_cast<int>(s.tiles < resident ? s.tiles : resident);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
     return launch_pdl(kernel, grid, kFlatBlock, smem, stream, p, s.tile_rows, s.tiles, s.buf);

@@ -93,21 +93,15 @@ __device__ __forceinline__ Pack<T, 16> load_window(const T* w, int pos, int lead
 }
 
 // Stores the row's elements of `out` (window positions [pos, pos + V)): one 16-byte store where the
-// pack is all the row's and w is aligned, else an element at a time. The 16-byte store is written
-// in PTX: the plain store of the uint4 (store_pack) came out as four 4-byte ones in every window
-// kernel (PTX st.global.u32 x 4, SASS STG.E x 4; a kernel with this function alone kept
-// STG.E.128), and __stwb's st.global.wb as STG.E.128.STRONG.SM.
+// pack is all the row's and w is aligned, else an element at a time. The 16-byte store is
+// store_global16: store_pack's came out as four 4-byte ones in every window kernel (a kernel with
+// this function alone kept STG.E.128).
 template <typename T>
 __device__ __forceinline__ void store_window(T* w, int pos, int lead, int end, bool vector,
                                              const float (&out)[kVec<T, 16>]) {
   constexpr int kV = kVec<T, 16>;
   if (vector && pos >= lead && pos + kV <= end) {
-    const uint4 raw = pack<T, 16>(out).raw;
-    // "memory": no load or store of the same memory moves across it (the SASS of every caller is the
-    // same with and without it: sm_90, nvcc 13.0, layer_norm_{window,fwd,bwd,wide}.cu).
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(w + pos), "r"(raw.x), "r"(raw.y), "r"(raw.z),
-                 "r"(raw.w)
-                 : "memory");
+    store_global16(w + pos, pack<T, 16>(out).raw);
     return;
   }
 #pragma unroll
