@@ -54,7 +54,8 @@ CONFIGS = [  # [B, L, E, heads], dtypes
     ([8, 1024, 1024, 16], ["bfloat16"]),
 ]
 CORES = {"sdpa_auto": "", "sdpa_flash": "sdpa_flash", "sdpa_efficient": "sdpa_efficient",
-         "sdpa_cudnn": "sdpa_cudnn", "sdpa_math": "sdpa_math", "hfnn_short": "hfnn_short"}
+         "sdpa_cudnn": "sdpa_cudnn", "sdpa_math": "sdpa_math", "hfnn_short": "hfnn_short",
+         "hfnn_mid": "hfnn_mid"}
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_WORKER = ROOT / "tests" / "python" / "scripts" / "fake_tune_worker.py"
 # A few training calls of one config, for `hfnn profile` to record its attention key.

@@ -57,7 +57,9 @@
 #   lstm-ab   bench/lstm_steps.py --ab $LSTM_AB_SWITCH: one build's environment switch at 1 and 0 in
 #             turn ($LSTM_AB_ROUNDS each, default 2; $LSTM_AB_DTYPE: bfloat16 or float32 alone)
 #   ncu-mha   Nsight Compute on hfnn_short's kernels (forward and backward of the second call) at
-#             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there
+#             $MHA_NCU_CONFIG (default "5000 64 512 8", bf16), and each core's fwd+bwd time there;
+#             $MHA_NCU_CORE another core (hfnn_mid), $MHA_NCU_KERNELS its kernels' regex (mid_bwd),
+#             $MHA_NCU_SKIP / $MHA_NCU_COUNT the launches skipped and profiled (2 and 2)
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
 #             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each;
 #             $NCU_KERNELS: another regex of kernel names (e.g. param_cols_kernel, the *_cols variants' sums)
@@ -302,11 +304,12 @@ if want sweep-compile; then
 fi
 if want ncu-mha; then
   cfg=${MHA_NCU_CONFIG:-5000 64 512 8}
-  python3 bench/mha_core_case.py --config $cfg --cores hfnn_short sdpa_efficient sdpa_cudnn --iters 5 2>&1 | tee "$OUT/mha-core.log"
-  ncu --clock-control none -k regex:"short_" --launch-skip 2 --launch-count 2 \
+  core=${MHA_NCU_CORE:-hfnn_short}
+  python3 bench/mha_core_case.py --config $cfg --cores $core sdpa_efficient sdpa_cudnn --iters 5 2>&1 | tee "$OUT/mha-core.log"
+  ncu --clock-control none -k regex:"${MHA_NCU_KERNELS:-short_}" --launch-skip ${MHA_NCU_SKIP:-2} --launch-count ${MHA_NCU_COUNT:-2} \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-    python3 bench/mha_core_case.py --config $cfg --cores hfnn_short --iters 1 > "$OUT/ncu-mha.log" 2>&1 || status=1
+    python3 bench/mha_core_case.py --config $cfg --cores $core --iters 1 > "$OUT/ncu-mha.log" 2>&1 || status=1
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Waves Per SM|No Eligible|Active Warps Per Scheduler|Eligible Warps|Warp Cycles Per Issued|Issue Slots Busy|Shared Memory|Bank|Stall|stall|Executed Ipc|Compute \(SM\)" \
     "$OUT/ncu-mha.log" | head -90
 fi

@@ -12,8 +12,9 @@
 //     "sdpa_efficient", "sdpa_cudnn", "sdpa_math", or "" for torch's own pick (the backend
 //     at::_fused_sdp_choice names for these views, as at::scaled_dot_product_attention would),
 //     or hfnn's own "hfnn_short" (kernels/multihead_attention/short_attention.h: sequences of up
-//     to 128 tokens, one block per batch and head): the tuner picks per shape where torch's order
-//     is not the fastest;
+//     to 128 tokens, one block per batch and head), or "hfnn_mid" (torch's cuDNN forward, then
+//     kernels/multihead_attention/mid_attention.h's backward for up to 256 tokens): the tuner picks
+//     per shape where torch's order is not the fastest;
 //   - the output projection reads the core's output in place where its layout allows.
 // Backward (one autograd node, MhaFunction, for the fused cores: flash, efficient, cuDNN, and
 // flash's CPU kernel): the output projection's dW, db and d(core output) in the layout the core
@@ -59,6 +60,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kernels/common/gemm.h"
+#include "kernels/multihead_attention/mid_attention.h"
 #include "kernels/multihead_attention/short_attention.h"
 #endif
 
@@ -68,7 +70,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-enum class Core : int64_t { kTorch, kFlash, kEfficient, kCudnn, kMath, kShort };
+enum class Core : int64_t { kTorch, kFlash, kEfficient, kCudnn, kMath, kShort, kMid };
 
 std::optional<Core> parse_core(std::string_view name) {
   if (name.empty()) return Core::kTorch;
@@ -77,13 +79,14 @@ std::optional<Core> parse_core(std::string_view name) {
   if (name == "sdpa_cudnn") return Core::kCudnn;
   if (name == "sdpa_math") return Core::kMath;
   if (name == "hfnn_short") return Core::kShort;
+  if (name == "hfnn_mid") return Core::kMid;
   return std::nullopt;
 }
 
 Core core_or_throw(std::string_view name) {
   const auto core = parse_core(name);
   TORCH_CHECK(core.has_value(), "hfnn.multi_head_attention: unknown core '", std::string(name),
-              "' (sdpa_flash, sdpa_efficient, sdpa_cudnn, sdpa_math, hfnn_short, or '' for torch's choice)");
+              "' (sdpa_flash, sdpa_efficient, sdpa_cudnn, sdpa_math, hfnn_short, hfnn_mid, or '' for torch's choice)");
   return *core;
 }
 
@@ -186,6 +189,49 @@ std::array<at::Tensor, 3> backward(const at::Tensor& dout, const at::Tensor& q, 
   return g;
 }
 }  // namespace short_core
+
+// hfnn_mid: torch's cuDNN forward, then hfnn's one-block-a-head backward (mid_attention.h).
+namespace mid_core {
+namespace mk = kernels::multihead_attention;
+
+// CUDA fp16/bf16 views of one head size, no dropout, that the backward takes (the mask and
+// cuDNN's own conditions are core_takes'); its other tensors (O, dO, the gradients) are the op's
+// own, laid out as Q is.
+bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout, bool causal) {
+  if (!q.is_cuda() || dropout > 0.0) return false;
+  if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type()) return false;
+  if (k.size(3) != q.size(3) || v.size(3) != q.size(3) || v.size(2) != k.size(2)) return false;
+  return mk::mid_supports(short_core::shape_of(q, k, causal)) && short_core::view_ok(q) && short_core::view_ok(k) &&
+         short_core::view_ok(v);
+}
+
+// dQ, dK and dV laid out as Q, K and V (packed where they are), from the forward's output `o` and
+// log-sum-exp (natural log, [B, H, L] or [B, H, L, 1]); nullopt where a view is one the kernel
+// cannot read, for the caller to run cuDNN's backward instead.
+std::optional<std::array<at::Tensor, 3>> backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                                                  bool causal) {
+  at::Tensor rows = lse.dim() == 4 ? lse.select(3, 0) : lse;
+  if (rows.dim() != 3 || rows.scalar_type() != at::kFloat) return std::nullopt;
+  if (rows.size(2) > 1 && rows.stride(2) != 1) rows = rows.contiguous();
+  if (o.stride(3) != 1 || dout.stride(3) != 1) return std::nullopt;
+  auto g = short_core::like(q, k, v);
+  mk::MidBwdParams p;
+  p.shape = short_core::shape_of(q, k, causal);
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = o.data_ptr(), p.dout = dout.data_ptr();
+  p.sq = short_core::strides_of(q), p.sk = short_core::strides_of(k), p.sv = short_core::strides_of(v);
+  p.so = short_core::strides_of(o), p.sdo = short_core::strides_of(dout);
+  p.lse = rows.data_ptr<float>(), p.lse_b = rows.stride(0), p.lse_h = rows.stride(1);
+  p.dq = g[0].data_ptr(), p.dk = g[1].data_ptr(), p.dv = g[2].data_ptr();
+  p.sdq = short_core::strides_of(g[0]), p.sdk = short_core::strides_of(g[1]), p.sdv = short_core::strides_of(g[2]);
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  if (!mk::mid_supports(p)) return std::nullopt;
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t e = mk::mid_backward(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "hfnn.multi_head_attention: hfnn_mid's backward failed: ", cudaGetErrorString(e));
+  return g;
+}
+}  // namespace mid_core
 #endif
 
 // Whether `core` runs these [B, H, L, Dh] views with this additive mask (undefined: none): torch's
@@ -211,6 +257,9 @@ bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::T
     // and nn.MultiheadAttention's masks are -inf floats; fully masked rows were not checked there.
     case Core::kCudnn: return !bias.defined() && sdp::can_use_cudnn_attention(params, false);
     case Core::kShort: return short_core::takes(q, k, v, bias, dropout, causal);
+    case Core::kMid:
+      return !bias.defined() && sdp::can_use_cudnn_attention(params, false) &&
+             mid_core::takes(q, k, v, dropout, causal);
     default: return false;
   }
 #else
@@ -232,8 +281,15 @@ Core resolve(Core core, const at::Tensor& q, const at::Tensor& k, const at::Tens
   }
 }
 
+// Whether a core's forward is differentiated by autograd where the op runs it as a composite (the
+// kdim/vdim path, three projections): torch's SDPA ops are; hfnn's own forwards are not (hfnn_short
+// writes its output through raw pointers; hfnn_mid's forward would be cuDNN's, timed as hfnn_mid),
+// so they do not take such calls.
+bool composite_ok(Core core) { return core != Core::kShort && core != Core::kMid; }
+
 bool has_node(Core core) {
-  return core == Core::kFlash || core == Core::kEfficient || core == Core::kCudnn || core == Core::kShort;
+  return core == Core::kFlash || core == Core::kEfficient || core == Core::kCudnn || core == Core::kShort ||
+         core == Core::kMid;
 }
 
 // What a fused core's backward needs besides Q, K, V and dO (bias: the mask as the core read it).
@@ -264,8 +320,10 @@ CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const 
       r.o = std::get<0>(t), r.lse = std::get<1>(t), r.seed = std::get<2>(t), r.offset = std::get<3>(t);
       break;
     }
-    case Core::kCudnn: {
-      TORCH_CHECK(!bias.defined(), "hfnn.multi_head_attention: sdpa_cudnn takes no mask here (internal error)");
+    case Core::kCudnn:
+    case Core::kMid: {  // hfnn_mid: cuDNN's forward (its output and log-sum-exp are the backward's)
+      TORCH_CHECK(!bias.defined(),
+                  "hfnn.multi_head_attention: sdpa_cudnn and hfnn_mid take no mask here (internal error)");
       auto t = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, lse, dropout, causal, false);
       r.o = std::get<0>(t), r.lse = std::get<1>(t), r.cum_q = std::get<2>(t), r.cum_k = std::get<3>(t);
       r.max_q = std::get<4>(t).expect_int(), r.max_k = std::get<5>(t).expect_int();
@@ -311,6 +369,15 @@ std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::T
       break;
 #if HFNN_TORCH_CUDA
     case Core::kShort: return short_core::backward(dout, q, k, v, c.lse, causal);
+    case Core::kMid:
+      if (auto d = mid_core::backward(dout, q, k, v, c.o, c.lse, causal)) return *d;
+      // Views the kernel cannot read (not seen from the op's own layouts): cuDNN's backward, said
+      // once, so a measurement of hfnn_mid that is cuDNN's does not pass unnoticed.
+      TORCH_WARN_ONCE("hfnn.multi_head_attention: hfnn_mid's backward cannot read these views (O ", c.o.strides(),
+                      ", dO ", dout.strides(), ", log-sum-exp ", c.lse.sizes(), "); cuDNN's backward ran instead");
+      g = at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, c.o, c.lse, c.seed, c.offset, at::Tensor(),
+                                                           c.cum_q, c.cum_k, c.max_q, c.max_k, dropout, causal);
+      break;
 #endif
     default: TORCH_CHECK(false, "hfnn.multi_head_attention: no fused backward for this core (internal error)");
   }
@@ -1100,7 +1167,8 @@ Result run_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& 
   if (grad)
     for (at::Tensor& t : views) t = t.detach().requires_grad_();
   const bool takes_weights = weights != mha::Weights::kNone;
-  const bool takes = core_takes(named, views[0], views[1], views[2], mask, dropout_p, causal, takes_weights);
+  const bool takes = (!w.separate() || composite_ok(named)) &&
+                     core_takes(named, views[0], views[1], views[2], mask, dropout_p, causal, takes_weights);
   if (!takes && refusable) return {};
   TORCH_CHECK(takes, "hfnn.multi_head_attention: core ", std::string(core_name), " does not take this input (dtype ",
               p.q.scalar_type(), ", head size ", p.q.size(3), ", ", query.device(), mask.defined() ? ", a mask" : "",
@@ -1178,7 +1246,7 @@ bool multi_head_attention_supports(const at::Tensor& query, const at::Tensor& ke
       MaskIssue::kNone)
     return false;
   if (*core == Core::kTorch || *core == Core::kMath) return true;
-  if (need_weights) return false;
+  if (need_weights || (separate_proj && !composite_ok(*core))) return false;
   // The views the op would build: plan() on meta tensors (same identities of query, key and value,
   // so the same GEMMs and strides), then each view's geometry (sizes, strides, offset) over device
   // memory of its extent, for torch's checks, which read dtype, sizes, strides, alignment and

@@ -203,6 +203,8 @@ std::vector<families::VariantInfo> core_variants(std::string_view pass) {
       "returns the weights (need_weights=True)",
       "hfnn's short-sequence kernel (fp16/bf16, L and S <= 128, head size a multiple of 16 up to 128, no mask "
       "or dropout): one block per batch and head, the whole score matrix on chip, Q, K and V read once",
+      "torch's cuDNN forward with hfnn's backward for L and S <= 256 (fp16/bf16, head size 16 to 64, no mask or "
+      "dropout): one block per batch and head, no dO.O pass and no float32 dQ to convert",
   };
   for (size_t i = 0; i < kCores.size(); ++i) out.push_back({std::string(kCores[i]), std::string(ideas[i])});
   return out;

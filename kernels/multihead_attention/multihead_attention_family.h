@@ -81,8 +81,8 @@ std::optional<Key> parse_key(const std::string& text);
 // (hfnn.multi_head_attention's `core` argument) runs. torch's own pick ("") is no variant: torch's
 // module path is the baseline the tuner always times as "torch".
 // New cores go at the end: the database stores indices.
-inline constexpr std::array<std::string_view, 5> kCores = {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math",
-                                                           "hfnn_short"};
+inline constexpr std::array<std::string_view, 6> kCores = {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math",
+                                                           "hfnn_short", "hfnn_mid"};
 
 // The one pass's position in kFamily.passes.
 inline constexpr int kTrain = 0;

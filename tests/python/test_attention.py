@@ -16,7 +16,7 @@ from torch import nn
 import hfnn
 from conftest import requires_gpu
 
-CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "hfnn_short"]
+CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "hfnn_short", "hfnn_mid"]
 
 
 def pair(embed, heads, batch_first, bias=True, dtype=torch.float64, device="cpu", dropout=0.0):
@@ -259,7 +259,7 @@ def test_supports_on_cpu_says_the_cpu_cores():
     said = {core: torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, core) for core in CORES}
     # flash is torch's CPU flash kernel there (no dropout); efficient and cuDNN are GPU kernels.
     assert said == {"": True, "sdpa_flash": True, "sdpa_efficient": False, "sdpa_cudnn": False, "sdpa_math": True,
-                    "hfnn_short": False}
+                    "hfnn_short": False, "hfnn_mid": False}
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.1, "sdpa_flash")
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 3, True, False, 0.0, "")  # 16 % 3
     assert not torch.ops.hfnn.multi_head_attention_supports(q, q, q, 2, True, False, 0.0, "nope")
@@ -295,6 +295,55 @@ def gpu_case(embed, heads, batch, length, kv_length, mode, batch_first, causal, 
     out_torch, _, grads_torch = run(torch_lp, q, k, v, grad64.to(dtype), **kw_lp)
     errs_torch = [rel(out_torch, out_ref)] + [rel(g, r) for g, r in zip(grads_torch, grads_ref)]
     return ours, (q, k, v), grad64.to(dtype), (out_ref, grads_ref), errs_torch, kw_lp
+
+
+def takes_kdim_vdim(core):
+    """Whether `core` says it takes a bf16 call with kdim/vdim (three projections), on the GPU."""
+    q = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 64, 96, device="cuda", dtype=torch.bfloat16)
+    return torch.ops.hfnn.multi_head_attention_supports(q, kv, kv, 2, True, False, 0.0, core, separate_proj=True)
+
+
+def assert_bit_identical_and_under_graph_replay(core, batch, length, embed=512, heads=8):
+    """A bf16 self-attention training call through `core`, twice and then captured in a CUDA graph
+    and replayed: the output and every gradient equal bit for bit each time (the core's sums in a
+    fixed order, nothing left from the call before)."""
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, length, embed, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(x)
+    params = [x] + list(m.parameters())
+
+    def call():
+        out = torch.ops.hfnn.multi_head_attention(x, x, x, heads, m.in_proj_weight, m.in_proj_bias,
+                                                  m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core)
+        out.backward(g)
+        return out
+
+    def step():
+        for t in params:
+            t.grad = None
+        out = call()
+        return [out.detach().clone()] + [t.grad.clone() for t in params]
+
+    first, second = step(), step()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in params:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip([out.detach()] + [t.grad for t in params], first):
+        assert torch.equal(a, b)
 
 
 @requires_gpu

@@ -22,7 +22,7 @@ import hfnn
 from conftest import requires_gpu
 from hfnn._families import multihead_attention as mha_family
 
-CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "hfnn_short"]
+CORES = ["", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "hfnn_short", "hfnn_mid"]
 
 
 @pytest.fixture(autouse=True)
@@ -273,10 +273,11 @@ def test_cpu_supports_says_what_takes_a_masked_call():
 
     # The CPU flash kernel takes a mask; efficient and cuDNN are GPU kernels.
     assert {c: said(c) for c in CORES} == {"": True, "sdpa_flash": True, "sdpa_efficient": False,
-                                          "sdpa_cudnn": False, "sdpa_math": True, "hfnn_short": False}
+                                          "sdpa_cudnn": False, "sdpa_math": True, "hfnn_short": False,
+                                          "hfnn_mid": False}
     assert {c: said(c, need_weights=True) for c in CORES} == {"": True, "sdpa_flash": False, "sdpa_efficient": False,
                                                               "sdpa_cudnn": False, "sdpa_math": True,
-                                                              "hfnn_short": False}
+                                                              "hfnn_short": False, "hfnn_mid": False}
     assert not said("", attn_mask=torch.zeros(8, 7))  # torch's module rejects it
     assert not said("", attn_mask=torch.zeros(8, 8, dtype=torch.float64))  # the op does not take it
     assert not said("", key_padding_mask=torch.zeros(2, 8, dtype=torch.int32))

@@ -1,0 +1,318 @@
+// hfnn's attention backward for sequences of up to 256 tokens (mid_attention.h): one block per
+// (batch, head), one warp per 16 query rows (Lp / 16 warps, Lp = L rounded up to 16, at most 16).
+//
+// A block:
+//   1. copies Q, the log-sum-exp, dO, O (into P's staging) and the first step's K, then its V, then
+//      each later step's K and V into shared memory (cp.async, a group each, waited for as needed);
+//      each warp sums D_i = sum_d dO_id O_id for its 16 rows from there (O and dO read straight
+//      from global memory by the warps cost 1,012 against 659 us a call, [200, 256, 1024, 16], H100);
+//   2. steps over the keys 64 at a time. A warp computes its rows' scores against the step's keys,
+//      P = 2^(S c - lse), dP = dO V^T and dS = P (dP - D) scale in registers, adds dS K to its dQ
+//      (registers, over every step) and stages P and dS in shared memory. After a barrier the
+//      block's warps take the step's dV = P^T dO and dK = dS^T Q in tiles of 16 keys x 32
+//      columns (a warp at a time, contracting over every query), each written through the step's
+//      own rows of K's or V's array (read no more) to global memory as 16-byte rows; a second
+//      barrier frees the staging for the next step;
+//   3. writes dQ through the warp's own rows of Q's array.
+//
+// Shared memory (16-bit rows padded by 8 elements, as short_attention.cu): Q and dO [Lp, Dh], K and
+// V [Sp, Dh], P and dS of a step [Lp, 64] (O's rows there before the first step), the log-sum-exp
+// and D [Lp]: 218 KB at 256 x 256 x 64, so one block an SM, 16 warps, at most 128 registers a thread.
+#include "kernels/multihead_attention/mid_attention.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/common/device.cuh"
+#include "kernels/multihead_attention/attention_tiles.cuh"
+
+namespace hfnn::kernels::multihead_attention {
+namespace {
+
+using namespace tiles;
+
+constexpr int kMidWarps = 16;  // 256 query rows
+constexpr int kStep = 64;      // keys a step
+
+// Where each array starts in the block's shared memory (bytes), and the total.
+struct MidLayout {
+  int lp = 0, sp = 0, ld = 0, lds = 0;  // padded lengths; leading dimensions of [*, Dh] and [Lp, kStep]
+  std::size_t q = 0, k = 0, v = 0, dout = 0, p = 0, ds = 0, lse = 0, d = 0, total = 0;
+};
+
+__host__ __device__ MidLayout mid_layout(int64_t q_len, int64_t kv_len, int64_t head_dim) {
+  MidLayout l;
+  l.lp = round16(q_len);
+  l.sp = round16(kv_len);
+  l.ld = static_cast<int>(head_dim) + kPad;
+  l.lds = kStep + kPad;
+  SmemCarve c;
+  l.q = c.take(std::size_t(l.lp) * l.ld * 2);
+  l.k = c.take(std::size_t(l.sp) * l.ld * 2);
+  l.v = c.take(std::size_t(l.sp) * l.ld * 2);
+  l.dout = c.take(std::size_t(l.lp) * l.ld * 2);
+  l.p = c.take(std::size_t(l.lp) * l.lds * 2);
+  l.ds = c.take(std::size_t(l.lp) * l.lds * 2);
+  l.lse = c.take(std::size_t(l.lp) * 4);
+  l.d = c.take(std::size_t(l.lp) * 4);
+  l.total = c.at;
+  return l;
+}
+
+// A 16 x 32 float accumulator tile (16-column pairs [0, pairs) of it real) through shared memory
+// (`stage`, [16, ld] at the tile's place, this warp's alone) to global rows `stride` apart as
+// 16-byte vectors; rows past rows_left are not written.
+template <typename T>
+__device__ __forceinline__ void write_tile(const float (&acc)[4][4], int pairs, T* stage, int ld, T* dst,
+                                           int64_t stride, int rows_left, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    if (n < 2 * pairs) {
+      *reinterpret_cast<uint32_t*>(stage + g * ld + n * 8 + 2 * t) = pack2<T>(acc[n][0], acc[n][1]);
+      *reinterpret_cast<uint32_t*>(stage + (g + 8) * ld + n * 8 + 2 * t) = pack2<T>(acc[n][2], acc[n][3]);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int r = lane / 4 + k * 8, c = (lane % 4) * 8;
+    if (c < pairs * 16 && r < rows_left)
+      *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
+  }
+  __syncwarp();
+}
+
+// Until at most n of this thread's copy groups are in flight (n below 0 counts as 0; at most 4
+// steps of 64 keys, so at most 4 groups wait behind).
+__device__ __forceinline__ void wait_pending(int n) {
+  switch (n) {
+    case 4: wait_copies<4>(); break;
+    case 3: wait_copies<3>(); break;
+    case 2: wait_copies<2>(); break;
+    case 1: wait_copies<1>(); break;
+    default: wait_copies<0>(); break;
+  }
+}
+
+// kExact: the head size is kD and the keys fill whole steps (S a multiple of 64): every tile count
+// a constant, so the products' loops unroll without guards (the issue's [200, 256, 1024, 16]: 1.5x
+// fewer instructions, H100).
+template <typename T, int kD, bool kExact>
+__global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const ShortShape& s = p.shape;
+  const int q_len = static_cast<int>(s.q_len), kv_len = static_cast<int>(s.kv_len), dh = static_cast<int>(s.head_dim);
+  const MidLayout l = mid_layout(q_len, kv_len, dh);
+  const int ld = kExact ? kD + kPad : l.ld;
+  constexpr int lds = kStep + kPad;
+  T* qs = reinterpret_cast<T*>(smem + l.q);
+  T* ks = reinterpret_cast<T*>(smem + l.k);
+  T* vs = reinterpret_cast<T*>(smem + l.v);
+  T* dos = reinterpret_cast<T*>(smem + l.dout);
+  T* ps = reinterpret_cast<T*>(smem + l.p);
+  T* dss = reinterpret_cast<T*>(smem + l.ds);
+  float* ls = reinterpret_cast<float*>(smem + l.lse);
+  float* dsum = reinterpret_cast<float*>(smem + l.d);
+  const int heads = static_cast<int>(s.heads);
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+
+  // Copies in groups, in the order they are needed: Q, the log-sum-exp, the first step's K, dO and
+  // O (P and D), then the first V (dP), then each later step's K and V, which land while the steps
+  // before them compute (waited for at the end of the step before).
+  const T* k_src = static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h;
+  const T* v_src = static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h;
+  auto load_step = [&](T* dst, const T* src, int64_t stride, int j0) {
+    load_rows<T, kD>(dst + j0 * ld, ld, src + j0 * stride, stride, kv_len - j0, min(kStep, l.sp - j0), dh);
+  };
+  load_rows<T, kD>(qs, ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
+  const float* lse = p.lse + b * p.lse_b + h * p.lse_h;
+  for (int i = threadIdx.x; i < l.lp; i += blockDim.x) copy4(ls + i, i < q_len ? lse + i : lse, i < q_len);
+  load_step(ks, k_src, p.sk.l, 0);
+  const T* dout = static_cast<const T*>(p.dout) + b * p.sdo.b + h * p.sdo.h;
+  load_rows<T, kD>(dos, ld, dout, p.sdo.l, q_len, l.lp, dh);
+  // O, for D, into the staging of P (free until the first step stages P there).
+  load_rows<T, kD>(ps, lds, static_cast<const T*>(p.o) + b * p.so.b + h * p.so.h, p.so.l, q_len, l.lp, dh);
+  commit();
+  load_step(vs, v_src, p.sv.l, 0);
+  commit();
+  const int steps = (l.sp + kStep - 1) / kStep;  // groups: 2 + (steps - 1)
+  for (int j0 = kStep; j0 < l.sp; j0 += kStep) {
+    load_step(ks, k_src, p.sk.l, j0);
+    load_step(vs, v_src, p.sv.l, j0);
+    commit();
+  }
+
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+  const int g = lane >> 2, t = lane & 3;
+
+  wait_pending(steps);  // Q, the log-sum-exp, the first K, dO and O
+  __syncthreads();
+
+  const int d_blocks = kExact ? kD / 16 : dh / 16;
+  const int i_lo = r0 + g, i_hi = r0 + g + 8;
+  const float c = p.scale * kLog2e;
+  const float base_lo = ls[i_lo] * p.lse_to_log2, base_hi = ls[i_hi] * p.lse_to_log2;
+  T* dv_out = static_cast<T*>(p.dv) + b * p.sdv.b + h * p.sdv.h;
+  T* dk_out = static_cast<T*>(p.dk) + b * p.sdk.b + h * p.sdk.h;
+  const int l_blocks = l.lp / 16;
+  const int halves = kExact ? kD / 32 : (dh + 31) / 32;
+
+  float dq[kD / 8][4];
+  zero(dq);
+  float dd_lo, dd_hi;  // D of rows i_lo and i_hi
+  {
+    // D_i = sum_d dO_id O_id for the warp's own rows (two lanes a row, 16-byte vectors in turn),
+    // from O in P's staging rows, which only this warp writes next; rows past L are 0.
+    const int r = r0 + lane / 2;
+    float d = 0.f;
+#pragma unroll
+    for (int c0 = 0; c0 < kD; c0 += 16) {
+      const int col = c0 + (lane & 1) * 8;
+      if (col < dh) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(ps + r * lds + col);
+        const uint4 gv = *reinterpret_cast<const uint4*>(dos + r * ld + col);
+        T oe[8], ge[8];
+        memcpy(oe, &ov, 16);
+        memcpy(ge, &gv, 16);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) d = fmaf(to_float(oe[e]), to_float(ge[e]), d);
+      }
+    }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    if ((lane & 1) == 0) dsum[r] = d;
+    __syncwarp();
+    dd_lo = dsum[i_lo];
+    dd_hi = dsum[i_hi];
+  }
+  for (int k0 = 0; k0 < l.sp; k0 += kStep) {
+    const int k_pairs = kExact ? kStep / 16 : min(kStep, l.sp - k0) / 16;  // 16-key blocks in this step
+
+    // The warp's rows of P for the step's keys, from the forward's log-sum-exp. (Rows past L: zero
+    // Q and dO rows, a log-sum-exp of 0 and D = 0 give P = 1, dP = 0 and dS = 0, which add nothing.)
+    float pr[kStep / 8][4];
+    zero(pr);
+    product<T, kD / 16, kStep / 8, false>(
+        pr, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, ld, r0, kb * 16, lane)); },
+        [&](int kb, int np) { return bt_row(ks, ld, k0 + np * 16, kb * 16, lane); });
+    if (s.causal || kv_len < k0 + kStep) mask_scores<kStep>(pr, k0, i_lo, kv_len, s.causal, t);
+    exp2_rows<kStep>(pr, c, base_lo, base_hi);
+
+    if (k0 == 0) {
+      wait_pending(steps - 1);  // the first V
+      __syncthreads();
+    }
+    // dP = dO V^T, then dS = P (dP - D) scale in its place; P and dS staged for dV and dK.
+    float ds[kStep / 8][4];
+    zero(ds);
+    product<T, kD / 16, kStep / 8, false>(
+        ds, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(dos, ld, r0, kb * 16, lane)); },
+        [&](int kb, int np) { return bt_row(vs, ld, k0 + np * 16, kb * 16, lane); });
+    ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
+    // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
+    product<T, kStep / 16, kD / 8, true>(
+        dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
+        [&](int kb, int np) { return b_row(ks, ld, k0 + kb * 16, np * 16, lane); });
+    __syncthreads();
+
+    // dV = P^T dO and dK = dS^T Q for the step's keys, tiles of 16 keys x 32 columns shared by the
+    // block's warps, each written through the step's rows of V's or K's array (no longer read).
+    const int tiles_n = k_pairs * halves * 2;
+    for (int tile = warp; tile < tiles_n; tile += warps) {
+      const int which = tile & 1, half = (tile >> 1) % halves, kt = (tile >> 1) / halves;
+      const T* a_src = which == 0 ? ps : dss;
+      const T* b_src = which == 0 ? dos : qs;
+      const int d0 = half * 32, pairs = kExact ? 2 : min(2, (dh - d0) / 16);
+      float acc[4][4];
+      zero(acc);
+#pragma unroll 4
+      for (int kb = 0; kb < l_blocks; ++kb) {
+        uint32_t a[4];
+        ldsm_t(a, at_row(a_src, lds, kb * 16, kt * 16, lane));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          if (np < pairs) {
+            uint32_t bb[4];
+            ldsm_t(bb, b_row(b_src, ld, kb * 16, d0 + np * 16, lane));
+            mma<T>(acc[2 * np], a, bb[0], bb[1]);
+            mma<T>(acc[2 * np + 1], a, bb[2], bb[3]);
+          }
+        }
+      }
+      const int j0 = k0 + kt * 16;
+      const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
+      write_tile<T>(acc, pairs, (which == 0 ? vs : ks) + j0 * ld + d0, ld,
+                    (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
+    }
+    wait_pending(steps - 2 - k0 / kStep);  // the next step's K and V (past the last step: none pending)
+    __syncthreads();
+  }
+
+  // dQ, written through the warp's own rows of Q's array (every read of Q done: the barrier above).
+  T* dq_out = static_cast<T*>(p.dq) + b * p.sdq.b + h * p.sdq.h + r0 * p.sdq.l;
+  write_rows<T, kD>(dq, 1.f, 1.f, qs + r0 * ld, ld, dq_out, p.sdq.l, q_len - r0, dh, lane);
+}
+
+bool fail(std::string* why, const char* text) {
+  if (why) *why = text;
+  return false;
+}
+
+template <typename T, int kD>
+cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
+  const ShortShape& s = p.shape;
+  const MidLayout l = mid_layout(s.q_len, s.kv_len, s.head_dim);
+  auto go = [&](auto kernel) -> cudaError_t {
+    if (const cudaError_t e = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), l.total); e != cudaSuccess)
+      return e;
+    kernel<<<static_cast<unsigned>(s.batch * s.heads), l.lp / 16 * 32, l.total, stream>>>(p);
+    return cudaGetLastError();
+  };
+  if (s.head_dim == kD && s.kv_len % kStep == 0) return go(mid_bwd_kernel<T, kD, true>);
+  return go(mid_bwd_kernel<T, kD, false>);
+}
+
+}  // namespace
+
+std::size_t mid_bwd_smem(const ShortShape& s) {
+  if (s.q_len < 1 || s.kv_len < 1 || s.q_len > kMidMaxLen || s.kv_len > kMidMaxLen || s.head_dim < 16 ||
+      s.head_dim > kMidMaxHeadDim || s.head_dim % 16 != 0)
+    return 0;
+  return mid_layout(s.q_len, s.kv_len, s.head_dim).total;
+}
+
+bool mid_supports(const ShortShape& s, std::string* why) {
+  if (s.dtype == DType::kFloat32) return fail(why, "float16 or bfloat16 only (tensor-core products)");
+  if (s.head_dim % 16 != 0 || s.head_dim < 16 || s.head_dim > kMidMaxHeadDim)
+    return fail(why, "head size 16, 32, 48 or 64");
+  if (s.q_len < 1 || s.kv_len < 1 || s.q_len > kMidMaxLen || s.kv_len > kMidMaxLen)
+    return fail(why, "sequences of 1 to 256 tokens");
+  if (s.batch < 1 || s.heads < 1 || s.batch * s.heads > 0x7fffffffLL)
+    return fail(why, "batch x heads from 1 to 2^31 - 1");
+  if (s.device.device < 0 || s.device.cc_major < 8) return fail(why, "a GPU of compute capability 8.0 or later");
+  if (static_cast<int64_t>(mid_bwd_smem(s)) > s.device.smem_per_block_optin)
+    return fail(why, "the block's shared memory (Q, K, V, dO, a step's P and dS) exceeds the device's");
+  if (why) why->clear();
+  return true;
+}
+
+bool mid_supports(const MidBwdParams& p, std::string* why) {
+  if (!mid_supports(p.shape, why)) return false;
+  if (!short_view_ok(p.q, p.sq) || !short_view_ok(p.k, p.sk) || !short_view_ok(p.v, p.sv) ||
+      !short_view_ok(p.o, p.so) || !short_view_ok(p.dout, p.sdo) || !short_view_ok(p.dq, p.sdq) ||
+      !short_view_ok(p.dk, p.sdk) || !short_view_ok(p.dv, p.sdv))
+    return fail(why, "Q, K, V, O, dO and the gradients 16-byte aligned with strides multiples of 8 elements");
+  if (p.lse == nullptr || reinterpret_cast<std::uintptr_t>(p.lse) % 4 != 0) return fail(why, "a float log-sum-exp");
+  return true;
+}
+
+cudaError_t mid_backward(const MidBwdParams& p, cudaStream_t stream) {
+  if (!mid_supports(p)) return cudaErrorInvalidConfiguration;
+  return dispatch_dtype(p.shape.dtype, [&]<typename T>() -> cudaError_t {
+    if constexpr (std::is_same_v<T, float>) return cudaErrorInvalidConfiguration;
+    else if (p.shape.head_dim <= 32) return launch<T, 32>(p, stream);
+    else return launch<T, 64>(p, stream);
+  });
+}
+
+}  // namespace hfnn::kernels::multihead_attention

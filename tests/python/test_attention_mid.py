@@ -1,0 +1,151 @@
+"""`hfnn_mid` (torch's cuDNN forward, then hfnn's one-block-a-head backward of kernels/
+multihead_attention/mid_attention.h for sequences of up to 256 tokens) through the
+hfnn::multi_head_attention op, against float64.
+
+GPU only. Swept densely: every query length from 1 to 256 with key lengths equal, shorter and
+longer, every head size it claims (16, 32, 48, 64), causal or not, batch_first both ways, self-,
+encoder-decoder and cross-attention, fp16 and bf16; then batch and head counts up to the issue's
+[200, 256, 1024, 16] (3,200 blocks), the limits supports() states, run-to-run bit equality and CUDA
+graph capture. Where cuDNN's forward does not take a shape, supports() says no and the case is
+skipped (counted: the sweep asserts that most cases ran).
+"""
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import requires_gpu
+from test_attention import (TOLERANCE, assert_bit_identical_and_under_graph_replay, gpu_case, rel,
+                            takes_kdim_vdim)
+
+CORE = "hfnn_mid"
+HEAD_DIMS = [16, 32, 48, 64]
+
+
+def supported(q, k, v, heads, batch_first, causal, dropout=0.0, **kw):
+    return torch.ops.hfnn.multi_head_attention_supports(q, k, v, heads, batch_first, causal, dropout, CORE, **kw)
+
+
+def check(embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype):
+    """(ran, failures): whether the core took the case, and the errors of its output and every
+    gradient that exceed the tolerance (or 4x torch's own module's error in the same dtype)."""
+    ours, (q, k, v), grad, (out_ref, grads_ref), errs_torch, _ = gpu_case(
+        embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype)
+    if not supported(q, k, v, heads, batch_first, causal):
+        return False, []
+    out = torch.ops.hfnn.multi_head_attention(q, k, v, heads, ours.in_proj_weight, ours.in_proj_bias,
+                                              ours.out_proj.weight, ours.out_proj.bias, batch_first, causal, 0.0, CORE)
+    assert "MhaFunction" in out.grad_fn.name(), out.grad_fn.name()
+    leaves = list(dict.fromkeys([q, k, v])) + list(ours.parameters())
+    grads = torch.autograd.grad(out, leaves, grad)
+    errs = [rel(out, out_ref)] + [rel(g, r) for g, r in zip(grads, grads_ref)]
+    names = ["out"] + [f"grad{i}" for i in range(len(grads))]
+    where = f"E={embed} H={heads} B={batch} L={length} S={kv_length} {mode} bf={batch_first} causal={causal}"
+    return True, [f"{where} {n}: {e:.2e} (torch {et:.2e})" for n, e, et in zip(names, errs, errs_torch)
+                  if e > max(TOLERANCE[dtype], 4 * et)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_every_length_to_256_and_every_head_size(dtype):
+    # Head sizes cycle with the length, so every head size meets short and long sequences; keys
+    # equal, shorter and longer in turn, within 256.
+    failures, ran = [], 0
+    for length in range(1, 257):
+        head_dim = HEAD_DIMS[length % len(HEAD_DIMS)]
+        heads = 1 + length % 3
+        mode = ("self", "cross", "kv")[length % 3]
+        kv_length = length if mode == "self" else (length * 7 + 3) % 256 + 1
+        causal = mode == "self" and length % 2 == 0  # torch's module takes a causal mask of [L, L] only
+        took, f = check(heads * head_dim, heads, 1 + length % 4, length, kv_length, mode, length % 5 != 0, causal,
+                        dtype)
+        ran += took
+        failures += f
+    assert not failures, "\n".join(failures[:30])
+    print(f"{dtype}: ran {ran} of 256 lengths")
+    assert ran >= 128, ran  # cuDNN's forward takes most of them
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_head_sizes_by_lengths_grid(dtype):
+    # Every head size at the lengths that matter: one token, a tile, a step of 64 keys and their
+    # neighbours, the limit.
+    failures, ran = [], 0
+    lengths = [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 200, 255, 256]
+    for head_dim, length in itertools.product(HEAD_DIMS, lengths):
+        for mode, causal in [("self", False), ("self", True), ("cross", False)]:
+            kv_length = length if mode == "self" else 257 - length
+            took, f = check(2 * head_dim, 2, 3, length, kv_length, mode, True, causal, dtype)
+            ran += took
+            failures += f
+    assert not failures, "\n".join(failures[:30])
+    print(f"{dtype}: ran {ran} of {len(HEAD_DIMS) * len(lengths) * 3}")
+    assert ran >= len(HEAD_DIMS) * len(lengths), ran
+
+
+@requires_gpu
+@pytest.mark.parametrize("batch,heads,head_dim,length", [(1, 1, 64, 256), (200, 16, 64, 256), (1, 40, 32, 256),
+                                                         (257, 12, 64, 200), (3, 16, 64, 129), (64, 1, 48, 77)])
+def test_gpu_batch_and_head_counts(batch, heads, head_dim, length):
+    took, failures = check(heads * head_dim, heads, batch, length, length, "self", True, False, torch.bfloat16)
+    assert not failures, "\n".join(failures)
+    if head_dim == 64 and length == 256:
+        assert took  # the issue's config 0 shape: cuDNN's forward and this backward both take it
+
+
+@requires_gpu
+def test_gpu_supports_is_exactly_its_limits():
+    def ok(length=256, kv_length=None, head_dim=64, heads=2, dtype=torch.bfloat16, dropout=0.0, **kw):
+        q = torch.randn(2, length, heads * head_dim, device="cuda", dtype=dtype)
+        kv = q if kv_length is None else torch.randn(2, kv_length, heads * head_dim, device="cuda", dtype=dtype)
+        return supported(q, kv, kv, heads, True, False, dropout, **kw)
+
+    assert ok() and ok(dtype=torch.float16)
+    assert not ok(length=257) and not ok(length=64, kv_length=257)  # longer than a block keeps
+    assert not ok(head_dim=80) and not ok(head_dim=128) and not ok(head_dim=24)  # 16, 32, 48 or 64
+    assert not ok(dtype=torch.float32)  # tensor-core products in 16-bit only
+    assert not ok(dropout=0.1)
+    # kdim/vdim (three projections): the op runs such calls as a composite that autograd
+    # differentiates op by op, which hfnn's own forward is not, so the core says no.
+    assert not takes_kdim_vdim(CORE)
+    q = torch.randn(2, 256, 128, device="cuda", dtype=torch.bfloat16)
+    assert not supported(q, q, q, 2, True, False, attn_mask=torch.zeros(256, 256, device="cuda",
+                                                                        dtype=torch.bfloat16))
+    assert not supported(q, q, q, 2, True, False,
+                         key_padding_mask=torch.zeros(2, 256, device="cuda", dtype=torch.bool))
+    m = nn.MultiheadAttention(256, 2, batch_first=True, device="cuda", dtype=torch.bfloat16)
+    big = torch.randn(2, 257, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="does not take"):
+        torch.ops.hfnn.multi_head_attention(big, big, big, 2, m.in_proj_weight, m.in_proj_bias,
+                                            m.out_proj.weight, m.out_proj.bias, True, False, 0.0, CORE)
+
+
+@requires_gpu
+def test_gpu_bit_identical_run_to_run_and_under_graph_replay():
+    assert_bit_identical_and_under_graph_replay(CORE, 16, 256)
+
+
+@requires_gpu
+def test_gpu_matches_cudnns_own_backward():
+    # The same forward (cuDNN's), two backwards: hfnn's and cuDNN's agree within bf16 rounding on
+    # the issue's head shape, and hfnn's is closer to float64 or as close.
+    failures = []
+    for length, causal in [(256, False), (256, True), (100, False)]:
+        ours, (q, k, v), grad, (out_ref, grads_ref), errs_torch, _ = gpu_case(
+            1024, 16, 4, length, length, "self", True, causal, torch.bfloat16)
+        leaves = [q] + list(ours.parameters())
+        errs = {}
+        for core in ("sdpa_cudnn", CORE):
+            if not supported(q, k, v, 16, True, causal) or not torch.ops.hfnn.multi_head_attention_supports(
+                    q, k, v, 16, True, causal, 0.0, "sdpa_cudnn"):
+                break
+            out = torch.ops.hfnn.multi_head_attention(q, k, v, 16, ours.in_proj_weight, ours.in_proj_bias,
+                                                      ours.out_proj.weight, ours.out_proj.bias, True, causal, 0.0,
+                                                      core)
+            grads = torch.autograd.grad(out, leaves, grad)
+            errs[core] = max(rel(g, r) for g, r in zip(grads, grads_ref))
+        if len(errs) == 2 and errs[CORE] > 1.5 * errs["sdpa_cudnn"] + 1e-3:
+            failures.append(f"L={length} causal={causal}: {errs}")
+    assert not failures, "\n".join(failures)
