@@ -9,6 +9,10 @@
 
 #include "kernels/common/family.h"
 #include "kernels/multihead_attention/multihead_attention_family.h"
+#if HFNN_WITH_CUDA
+#include "kernels/multihead_attention/mid_attention.h"
+#include "kernels/multihead_attention/short_attention.h"
+#endif
 #include "profiles/db.h"
 #include "src/dispatch.h"
 #include "tuner/tune_db.h"
@@ -284,6 +288,90 @@ TEST(AttentionDispatch, ATablesAttentionWinnersAreFoundByTheOpsPackedKey) {
   EXPECT_EQ(map->count(pack(200, 256, 256, 1024, 16, DType::kBFloat16, true, true, Inputs::kSelf, true, false)), 0u);
   EXPECT_EQ(map->count(pack(200, 256, 256, 1024, 16, DType::kFloat16, true, false, Inputs::kSelf, true, false)), 0u);
 }
+
+#if HFNN_WITH_CUDA
+// hfnn's own cores' limits as supports() states them, on the CPU with a described device: an H100
+// or H200 (227 KB of shared memory a block), an A100 (163 KB) and a Turing GPU. The block sizes are
+// those the kernels launch with (hfnn_mid at 256 x 256 x 64: 223,232 bytes, as Nsight Compute
+// reported on an H100).
+DeviceInfo gpu(int cc_major, int64_t optin_kb) {
+  DeviceInfo d;
+  d.device = 0, d.sm_count = 132, d.cc_major = cc_major, d.smem_per_block_optin = optin_kb * 1024;
+  return d;
+}
+
+ShortShape shape(int64_t length, int64_t kv_length, int64_t head_dim, DType dtype, const DeviceInfo& d) {
+  ShortShape s;
+  s.batch = 2, s.heads = 3, s.q_len = length, s.kv_len = kv_length, s.head_dim = head_dim, s.dtype = dtype;
+  s.device = d;
+  return s;
+}
+
+TEST(AttentionCores, MidSupportsIsItsLimits) {
+  const DeviceInfo hopper = gpu(9, 227), ampere = gpu(8, 163), turing = gpu(7, 64);
+  EXPECT_EQ(mid_bwd_smem(shape(256, 256, 64, DType::kBFloat16, hopper)), 223232u);
+  std::string why;
+  for (int64_t length : {1, 15, 16, 17, 63, 64, 65, 128, 129, 200, 255, 256})
+    for (int64_t head_dim : {16, 32, 48, 64}) {
+      EXPECT_TRUE(mid_supports(shape(length, 257 - length, head_dim, DType::kBFloat16, hopper), &why))
+          << length << " " << head_dim << ": " << why;
+      EXPECT_TRUE(why.empty());
+    }
+  EXPECT_TRUE(mid_supports(shape(256, 256, 64, DType::kFloat16, hopper)));
+  EXPECT_FALSE(mid_supports(shape(257, 256, 64, DType::kBFloat16, hopper), &why));
+  EXPECT_EQ(why, "sequences of 1 to 256 tokens");
+  EXPECT_FALSE(mid_supports(shape(256, 257, 64, DType::kBFloat16, hopper)));
+  EXPECT_FALSE(mid_supports(shape(0, 16, 64, DType::kBFloat16, hopper)));
+  for (int64_t head_dim : {8, 24, 80, 128}) {
+    EXPECT_FALSE(mid_supports(shape(64, 64, head_dim, DType::kBFloat16, hopper), &why)) << head_dim;
+    EXPECT_EQ(why, "head size 16, 32, 48 or 64");
+  }
+  EXPECT_FALSE(mid_supports(shape(64, 64, 64, DType::kFloat32, hopper), &why));
+  EXPECT_EQ(why, "float16 or bfloat16 only (tensor-core products)");
+  // 256 x 256 x 64 needs 218 KB: more than an A100 gives a block; 128 x 128 x 64 fits it.
+  EXPECT_FALSE(mid_supports(shape(256, 256, 64, DType::kBFloat16, ampere), &why));
+  EXPECT_NE(why.find("shared memory"), std::string::npos) << why;
+  EXPECT_TRUE(mid_supports(shape(128, 128, 64, DType::kBFloat16, ampere)));
+  EXPECT_FALSE(mid_supports(shape(64, 64, 64, DType::kBFloat16, turing)));
+  EXPECT_FALSE(mid_supports(shape(64, 64, 64, DType::kBFloat16, DeviceInfo{})));
+}
+
+TEST(AttentionCores, MidSupportsReadsTheViews) {
+  alignas(16) static unsigned char buffer[64];
+  MidBwdParams p;
+  p.shape = shape(64, 64, 64, DType::kBFloat16, gpu(9, 227));
+  const Strides st{3 * 64 * 64, 64 * 64, 64};
+  p.q = p.k = p.v = p.o = p.dout = buffer;
+  p.dq = p.dk = p.dv = buffer;
+  p.sq = p.sk = p.sv = p.so = p.sdo = p.sdq = p.sdk = p.sdv = st;
+  p.lse = reinterpret_cast<const float*>(buffer);
+  std::string why;
+  EXPECT_TRUE(mid_supports(p, &why)) << why;
+  p.o = buffer + 2;  // not 16-byte aligned
+  EXPECT_FALSE(mid_supports(p, &why));
+  p.o = buffer;
+  p.sdo.l = 68;  // a row stride not a multiple of 8 elements
+  EXPECT_FALSE(mid_supports(p));
+  p.sdo = st;
+  p.lse = nullptr;
+  EXPECT_FALSE(mid_supports(p, &why));
+  EXPECT_EQ(why, "a float log-sum-exp");
+}
+
+TEST(AttentionCores, ShortSupportsIsItsLimits) {
+  const DeviceInfo hopper = gpu(9, 227);
+  for (int64_t length : {1, 16, 17, 64, 127, 128})
+    for (int64_t head_dim : {16, 64, 128})
+      EXPECT_TRUE(short_supports(shape(length, length, head_dim, DType::kBFloat16, hopper)))
+          << length << " " << head_dim;
+  EXPECT_FALSE(short_supports(shape(129, 128, 64, DType::kBFloat16, hopper)));
+  EXPECT_FALSE(short_supports(shape(64, 64, 144, DType::kBFloat16, hopper)));
+  EXPECT_FALSE(short_supports(shape(64, 64, 64, DType::kFloat32, hopper)));
+  // Its backward block grows with L and S: under hfnn_mid's at the length both take.
+  EXPECT_LT(mid_bwd_smem(shape(128, 128, 64, DType::kBFloat16, hopper)),
+            short_bwd_smem(shape(128, 128, 64, DType::kBFloat16, hopper)));
+}
+#endif
 
 }  // namespace
 }  // namespace hfnn::kernels::multihead_attention
