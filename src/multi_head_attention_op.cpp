@@ -124,14 +124,20 @@ mk::ShortShape shape_of(const at::Tensor& q, const at::Tensor& k, bool causal) {
 
 bool view_ok(const at::Tensor& t) { return t.stride(3) == 1 && mk::short_view_ok(t.data_ptr(), strides_of(t)); }
 
-// hfnn_short takes CUDA fp16/bf16 views of one head size, no mask and no dropout, where
-// short_supports() says the launch runs and every view moves in 16-byte rows.
-bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double dropout,
-           bool causal) {
+// What hfnn's own cores ask of a call besides their shape limits: CUDA views of one dtype and
+// head size, no mask and no dropout, every view moving in 16-byte rows.
+bool plain_views(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                 double dropout) {
   if (!q.is_cuda() || bias.defined() || dropout > 0.0) return false;
   if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type()) return false;
   if (k.size(3) != q.size(3) || v.size(3) != q.size(3) || v.size(2) != k.size(2)) return false;
-  return mk::short_supports(shape_of(q, k, causal)) && view_ok(q) && view_ok(k) && view_ok(v);
+  return view_ok(q) && view_ok(k) && view_ok(v);
+}
+
+// hfnn_short takes such views where short_supports() says the launch runs.
+bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double dropout,
+           bool causal) {
+  return plain_views(q, k, v, bias, dropout) && mk::short_supports(shape_of(q, k, causal));
 }
 
 // The core's output in the token order of the views (so merge_heads reads it in place) and the
@@ -194,15 +200,12 @@ std::array<at::Tensor, 3> backward(const at::Tensor& dout, const at::Tensor& q, 
 namespace mid_core {
 namespace mk = kernels::multihead_attention;
 
-// CUDA fp16/bf16 views of one head size, no dropout, that the backward takes (the mask and
-// cuDNN's own conditions are core_takes'); its other tensors (O, dO, the gradients) are the op's
-// own, laid out as Q is.
-bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout, bool causal) {
-  if (!q.is_cuda() || dropout > 0.0) return false;
-  if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type()) return false;
-  if (k.size(3) != q.size(3) || v.size(3) != q.size(3) || v.size(2) != k.size(2)) return false;
-  return mk::mid_supports(short_core::shape_of(q, k, causal)) && short_core::view_ok(q) && short_core::view_ok(k) &&
-         short_core::view_ok(v);
+// Views hfnn's cores take (short_core::plain_views) where mid_supports() says the backward runs
+// (cuDNN's forward's own conditions are core_takes'); its other tensors (O, dO, the gradients) are
+// the op's own, laid out as Q is.
+bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double dropout,
+           bool causal) {
+  return short_core::plain_views(q, k, v, bias, dropout) && mk::mid_supports(short_core::shape_of(q, k, causal));
 }
 
 // dQ, dK and dV laid out as Q, K and V (packed where they are), from the forward's output `o` and
@@ -213,9 +216,9 @@ std::optional<std::array<at::Tensor, 3>> backward(const at::Tensor& dout, const 
                                                   bool causal) {
   at::Tensor rows = lse.dim() == 4 ? lse.select(3, 0) : lse;
   if (rows.dim() != 3 || rows.scalar_type() != at::kFloat) return std::nullopt;
+  if (!short_core::view_ok(o) || !short_core::view_ok(dout)) return std::nullopt;
   if (rows.size(2) > 1 && rows.stride(2) != 1) rows = rows.contiguous();
-  if (o.stride(3) != 1 || dout.stride(3) != 1) return std::nullopt;
-  auto g = short_core::like(q, k, v);
+  auto g = short_core::like(q, k, v);  // laid out as Q, K and V, which takes() checked
   mk::MidBwdParams p;
   p.shape = short_core::shape_of(q, k, causal);
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = o.data_ptr(), p.dout = dout.data_ptr();
@@ -257,9 +260,9 @@ bool core_takes(Core core, const at::Tensor& q, const at::Tensor& k, const at::T
     // and nn.MultiheadAttention's masks are -inf floats; fully masked rows were not checked there.
     case Core::kCudnn: return !bias.defined() && sdp::can_use_cudnn_attention(params, false);
     case Core::kShort: return short_core::takes(q, k, v, bias, dropout, causal);
-    case Core::kMid:
-      return !bias.defined() && sdp::can_use_cudnn_attention(params, false) &&
-             mid_core::takes(q, k, v, dropout, causal);
+    case Core::kMid:  // cuDNN's forward, hfnn's backward
+      return core_takes(Core::kCudnn, q, k, v, bias, dropout, causal, weights) &&
+             mid_core::takes(q, k, v, bias, dropout, causal);
     default: return false;
   }
 #else

@@ -20,7 +20,6 @@
 // and D [Lp]: 218 KB at 256 x 256 x 64, so one block an SM, 16 warps, at most 128 registers a thread.
 #include "kernels/multihead_attention/mid_attention.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "kernels/common/device.cuh"

@@ -297,6 +297,27 @@ def gpu_case(embed, heads, batch, length, kv_length, mode, batch_first, causal, 
     return ours, (q, k, v), grad64.to(dtype), (out_ref, grads_ref), errs_torch, kw_lp
 
 
+def core_failures(core, embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype):
+    """(took, failures) for one case through a named core: whether the core said it takes the case
+    (supports()), and the errors of its output and every gradient against float64 that exceed the
+    tolerance (or 4x torch's own module's error in the same dtype); the call must be one autograd
+    node."""
+    ours, (q, k, v), grad, (out_ref, grads_ref), errs_torch, _ = gpu_case(
+        embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype)
+    if not torch.ops.hfnn.multi_head_attention_supports(q, k, v, heads, batch_first, causal, 0.0, core):
+        return False, []
+    out = torch.ops.hfnn.multi_head_attention(q, k, v, heads, ours.in_proj_weight, ours.in_proj_bias,
+                                              ours.out_proj.weight, ours.out_proj.bias, batch_first, causal, 0.0, core)
+    assert "MhaFunction" in out.grad_fn.name(), out.grad_fn.name()
+    leaves = list(dict.fromkeys([q, k, v])) + list(ours.parameters())
+    grads = torch.autograd.grad(out, leaves, grad)
+    errs = [rel(out, out_ref)] + [rel(g, r) for g, r in zip(grads, grads_ref)]
+    names = ["out"] + [f"grad{i}" for i in range(len(grads))]
+    where = f"E={embed} H={heads} B={batch} L={length} S={kv_length} {mode} bf={batch_first} causal={causal}"
+    return True, [f"{where} {n}: {e:.2e} (torch {et:.2e})" for n, e, et in zip(names, errs, errs_torch)
+                  if e > max(TOLERANCE[dtype], 4 * et)]
+
+
 def takes_kdim_vdim(core):
     """Whether `core` says it takes a bf16 call with kdim/vdim (three projections), on the GPU."""
     q = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)

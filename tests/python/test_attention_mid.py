@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from conftest import requires_gpu
-from test_attention import (TOLERANCE, assert_bit_identical_and_under_graph_replay, gpu_case, rel,
+from test_attention import (assert_bit_identical_and_under_graph_replay, core_failures, gpu_case, rel,
                             takes_kdim_vdim)
 
 CORE = "hfnn_mid"
@@ -28,22 +28,8 @@ def supported(q, k, v, heads, batch_first, causal, dropout=0.0, **kw):
 
 
 def check(embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype):
-    """(ran, failures): whether the core took the case, and the errors of its output and every
-    gradient that exceed the tolerance (or 4x torch's own module's error in the same dtype)."""
-    ours, (q, k, v), grad, (out_ref, grads_ref), errs_torch, _ = gpu_case(
-        embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype)
-    if not supported(q, k, v, heads, batch_first, causal):
-        return False, []
-    out = torch.ops.hfnn.multi_head_attention(q, k, v, heads, ours.in_proj_weight, ours.in_proj_bias,
-                                              ours.out_proj.weight, ours.out_proj.bias, batch_first, causal, 0.0, CORE)
-    assert "MhaFunction" in out.grad_fn.name(), out.grad_fn.name()
-    leaves = list(dict.fromkeys([q, k, v])) + list(ours.parameters())
-    grads = torch.autograd.grad(out, leaves, grad)
-    errs = [rel(out, out_ref)] + [rel(g, r) for g, r in zip(grads, grads_ref)]
-    names = ["out"] + [f"grad{i}" for i in range(len(grads))]
-    where = f"E={embed} H={heads} B={batch} L={length} S={kv_length} {mode} bf={batch_first} causal={causal}"
-    return True, [f"{where} {n}: {e:.2e} (torch {et:.2e})" for n, e, et in zip(names, errs, errs_torch)
-                  if e > max(TOLERANCE[dtype], 4 * et)]
+    """(ran, failures): whether the core took the case, and its errors past the tolerance."""
+    return core_failures(CORE, embed, heads, batch, length, kv_length, mode, batch_first, causal, dtype)
 
 
 @requires_gpu
