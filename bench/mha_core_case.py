@@ -22,6 +22,7 @@ def main():
     ap.add_argument("--cores", nargs="+", default=["hfnn_short"],
                     help="hfnn's op with these cores; `module` times torch's nn.MultiheadAttention instead")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--causal", action="store_true", help="causal self-attention (is_causal with its mask)")
     ap.add_argument("--kernels", action="store_true",
                     help="also each kernel's GPU time per call (torch.profiler over the timed calls), largest first")
     ap.add_argument("--gaps", action="store_true",
@@ -34,13 +35,15 @@ def main():
     m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
     x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
     g = torch.randn_like(x)
+    mask = nn.Transformer.generate_square_subsequent_mask(length, device="cuda", dtype=dtype) if a.causal else None
     for core in a.cores:
         def call():
             if core == "module":  # torch's nn.MultiheadAttention itself, for comparison
-                out = m(x, x, x, need_weights=False)[0]
+                out = m(x, x, x, need_weights=False, attn_mask=mask, is_causal=a.causal)[0]
             else:
                 out = torch.ops.hfnn.multi_head_attention(x, x, x, heads, m.in_proj_weight, m.in_proj_bias,
-                                                          m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core)
+                                                          m.out_proj.weight, m.out_proj.bias, True, a.causal, 0.0,
+                                                          core)
             out.backward(g)
         call()
         torch.cuda.synchronize()

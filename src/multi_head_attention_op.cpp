@@ -210,10 +210,11 @@ bool takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 
 // dQ, dK and dV laid out as Q, K and V (packed where they are), from the forward's output `o` and
 // log-sum-exp (natural log, [B, H, L] or [B, H, L, 1]); nullopt where a view is one the kernel
-// cannot read, for the caller to run cuDNN's backward instead.
+// cannot read, for the caller to run cuDNN's backward instead. With `q_sums`, also dQ's column
+// sums over the batch and the query rows ([H Dh], float32): the kernel's per-block sums, summed.
 std::optional<std::array<at::Tensor, 3>> backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                                  bool causal) {
+                                                  bool causal, at::Tensor* q_sums) {
   at::Tensor rows = lse.dim() == 4 ? lse.select(3, 0) : lse;
   if (rows.dim() != 3 || rows.scalar_type() != at::kFloat) return std::nullopt;
   if (!short_core::view_ok(o) || !short_core::view_ok(dout)) return std::nullopt;
@@ -230,8 +231,14 @@ std::optional<std::array<at::Tensor, 3>> backward(const at::Tensor& dout, const 
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   if (!mk::mid_supports(p)) return std::nullopt;
   const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor per_block;
+  if (q_sums) {
+    per_block = at::empty({q.size(0), q.size(1) * q.size(3)}, q.options().dtype(at::kFloat));
+    p.dq_sums = per_block.data_ptr<float>(), p.dq_sums_b = per_block.stride(0);
+  }
   const cudaError_t e = mk::mid_backward(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == cudaSuccess, "hfnn.multi_head_attention: hfnn_mid's backward failed: ", cudaGetErrorString(e));
+  if (q_sums) *q_sums = per_block.sum(0);
   return g;
 }
 }  // namespace mid_core
@@ -349,8 +356,11 @@ CoreOut core_forward(Core core, const at::Tensor& q, const at::Tensor& k, const 
   return r;
 }
 
+// `q_sums` (null: not asked): where the core sums dQ's columns itself (hfnn_mid), those sums
+// ([H Dh], float32: the input projection's bias gradient's query rows); left undefined otherwise.
 std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v, double dropout, bool causal) {
+                                        const at::Tensor& k, const at::Tensor& v, double dropout, bool causal,
+                                        at::Tensor* q_sums = nullptr) {
   std::tuple<at::Tensor, at::Tensor, at::Tensor> g;
   switch (core) {
     case Core::kFlash:
@@ -373,7 +383,7 @@ std::array<at::Tensor, 3> core_backward(Core core, const CoreOut& c, const at::T
 #if HFNN_TORCH_CUDA
     case Core::kShort: return short_core::backward(dout, q, k, v, c.lse, causal);
     case Core::kMid:
-      if (auto d = mid_core::backward(dout, q, k, v, c.o, c.lse, causal)) return *d;
+      if (auto d = mid_core::backward(dout, q, k, v, c.o, c.lse, causal, q_sums)) return *d;
       // Views the kernel cannot read (not seen from the op's own layouts): cuDNN's backward, said
       // once, so a measurement of hfnn_mid that is cuDNN's does not pass unnoticed.
       TORCH_WARN_ONCE("hfnn.multi_head_attention: hfnn_mid's backward cannot read these views (O ", c.o.strides(),
@@ -689,6 +699,7 @@ struct KnownBiasGrads {
   bool key_zero = false;           // the key rows are 0
   const at::Tensor* value = nullptr;  // the value rows are W_out^T (this [E] db_out); null: summed
   const at::Tensor* out_w = nullptr;
+  const at::Tensor* query = nullptr;  // the query rows, summed by the core (core_backward's q_sums)
 };
 
 // One input projection's backward, from the core's gradients of its parts: rows of dW and db, and
@@ -729,13 +740,15 @@ void project_backward(Gemms& gemm, const Group& g, const std::vector<at::Tensor>
   for (std::size_t i = 0; i < m.size(); ++i) {
     const int64_t r0 = g.row0 + static_cast<int64_t>(i) * step;
     if (dw) gemm(matrix(*dw).rows_at(r0, step), m[i], true, x2, false);
-    if (db && !known.key_zero && !known.value) {
+    if (db && !known.key_zero && !known.value && !known.query) {
       gemm.bias_grad(column_of(*db).rows_at(r0, step), m[i]);
     } else if (db) {  // part by part: 0 = query, 1 = key, 2 = value rows of the bias
       for (int64_t j = 0; j < step; j += embed) {
         const int64_t row = r0 + j;
         const Mat rows_db = column_of(*db).rows_at(row, embed);
-        if (row / embed == 1 && known.key_zero)
+        if (row / embed == 0 && known.query)
+          db->narrow(0, row, embed).copy_(*known.query);
+        else if (row / embed == 1 && known.key_zero)
           db->narrow(0, row, embed).zero_();
         else if (row / embed == 2 && known.value)
           gemm(rows_db, matrix(*known.out_w), true, column_of(*known.value), false);
@@ -853,11 +866,13 @@ class MhaFunction : public torch::autograd::Function<MhaFunction> {
     gemm(Mat{&dm, 0, gy.rows, embed, embed, 1}, gy, false, matrix(out_w), false);
     const at::Tensor dout = batch_first ? dm.transpose(1, 2) : dm.permute({1, 2, 0, 3});
     gemm.release_workspace();
-    const auto d = core_backward(core, c, dout, q, k, v, dropout, causal);
+    at::Tensor q_sums;
+    const auto d = core_backward(core, c, dout, q, k, v, dropout, causal, need(4) ? &q_sums : nullptr);
 
     at::Tensor dw = need(3) ? at::empty_like(in_w) : at::Tensor();
     at::Tensor db = need(4) ? at::empty({in_w.size(0)}, in_w.options()) : at::Tensor();
     KnownBiasGrads known;
+    if (q_sums.defined()) known.query = &q_sums;
     // No mask: every query row attends a key (causal ones their first, top-left as torch's cores
     // align it; a core aligned bottom-right would leave rows past the keys' count without one).
     if (!c.bias.defined() && (!causal || q.size(2) <= k.size(2))) {

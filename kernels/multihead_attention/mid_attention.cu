@@ -13,7 +13,8 @@
 //      columns (a warp at a time, contracting over every query), each written through the step's
 //      own rows of K's or V's array (read no more) to global memory as 16-byte rows; a second
 //      barrier frees the staging for the next step;
-//   3. writes dQ through the warp's own rows of Q's array.
+//   3. writes dQ through the warp's own rows of Q's array, and where asked its column sums (the
+//      input projection's bias gradient's query rows, per block; the op sums over the batch).
 //
 // Shared memory (16-bit rows padded by 8 elements, as short_attention.cu): Q and dO [Lp, Dh], K and
 // V [Sp, Dh], P and dS of a step [Lp, 64] (O's rows there before the first step), the log-sum-exp
@@ -97,7 +98,10 @@ __device__ __forceinline__ void wait_pending(int n) {
 // kExact: the head size is kD and the keys fill whole steps (S a multiple of 64): every tile count
 // a constant, so the products' loops unroll without guards (the issue's [200, 256, 1024, 16], H100:
 // 4,200 instructions a warp against 7,000, 865 against 1,012 us a call).
-template <typename T, int kD, bool kExact>
+// kCausal: the call's causal flag as a constant, so the non-causal kernel carries none of the
+// causal skips' branches (with them as run-time tests it took 670 against 660 us a call at
+// [200, 256, 1024, 16] bf16 on an H100).
+template <typename T, int kD, bool kExact, bool kCausal>
 __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const ShortShape& s = p.shape;
@@ -187,31 +191,40 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   for (int k0 = 0; k0 < l.sp; k0 += kStep) {
     const int k_pairs = kExact ? kStep / 16 : min(kStep, l.sp - k0) / 16;  // 16-key blocks in this step
 
+    // Causal: a warp whose rows all come before the step's first key has P = 0 and dS = 0 there and
+    // skips the step (its staging rows are then stale, and the tiles below never read them: a
+    // tile reads query rows from its own first key on).
+    const bool live = !kCausal || k0 <= r0 + 15;
+
     // The warp's rows of P for the step's keys, from the forward's log-sum-exp. (Rows past L: zero
     // Q and dO rows, a log-sum-exp of 0 and D = 0 give P = 1, dP = 0 and dS = 0, which add nothing.)
     float pr[kStep / 8][4];
-    zero(pr);
-    product<T, kD / 16, kStep / 8, false>(
-        pr, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, ld, r0, kb * 16, lane)); },
-        [&](int kb, int np) { return bt_row(ks, ld, k0 + np * 16, kb * 16, lane); });
-    if (s.causal || kv_len < k0 + kStep) mask_scores<kStep>(pr, k0, i_lo, kv_len, s.causal, t);
-    exp2_rows<kStep>(pr, c, base_lo, base_hi);
+    if (live) {
+      zero(pr);
+      product<T, kD / 16, kStep / 8, false>(
+          pr, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, ld, r0, kb * 16, lane)); },
+          [&](int kb, int np) { return bt_row(ks, ld, k0 + np * 16, kb * 16, lane); });
+      if (kCausal || kv_len < k0 + kStep) mask_scores<kStep>(pr, k0, i_lo, kv_len, kCausal, t);
+      exp2_rows<kStep>(pr, c, base_lo, base_hi);
+    }
 
     if (k0 == 0) {
       wait_pending(steps - 1);  // the first V
       __syncthreads();
     }
-    // dP = dO V^T, then dS = P (dP - D) scale in its place; P and dS staged for dV and dK.
-    float ds[kStep / 8][4];
-    zero(ds);
-    product<T, kD / 16, kStep / 8, false>(
-        ds, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(dos, ld, r0, kb * 16, lane)); },
-        [&](int kb, int np) { return bt_row(vs, ld, k0 + np * 16, kb * 16, lane); });
-    ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
-    // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
-    product<T, kStep / 16, kD / 8, true>(
-        dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
-        [&](int kb, int np) { return b_row(ks, ld, k0 + kb * 16, np * 16, lane); });
+    if (live) {
+      // dP = dO V^T, then dS = P (dP - D) scale in its place; P and dS staged for dV and dK.
+      float ds[kStep / 8][4];
+      zero(ds);
+      product<T, kD / 16, kStep / 8, false>(
+          ds, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(dos, ld, r0, kb * 16, lane)); },
+          [&](int kb, int np) { return bt_row(vs, ld, k0 + np * 16, kb * 16, lane); });
+      ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
+      // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
+      product<T, kStep / 16, kD / 8, true>(
+          dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
+          [&](int kb, int np) { return b_row(ks, ld, k0 + kb * 16, np * 16, lane); });
+    }
     __syncthreads();
 
     // dV = P^T dO and dK = dS^T Q for the step's keys, tiles of 16 keys x 32 columns shared by the
@@ -224,8 +237,10 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
       const int d0 = half * 32, pairs = kExact ? 2 : min(2, (dh - d0) / 16);
       float acc[4][4];
       zero(acc);
+      // Causal: query rows before the tile's first key see none of its keys (P = dS = 0 there).
+      const int kb0 = kCausal ? min((k0 + kt * 16) / 16, l_blocks) : 0;
 #pragma unroll 4
-      for (int kb = 0; kb < l_blocks; ++kb) {
+      for (int kb = kb0; kb < l_blocks; ++kb) {
         uint32_t a[4];
         ldsm_t(a, at_row(a_src, lds, kb * 16, kt * 16, lane));
 #pragma unroll
@@ -245,6 +260,29 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     }
     wait_pending(steps - 2 - k0 / kStep);  // the next step's K and V (past the last step: none pending)
     __syncthreads();
+  }
+
+  // The bias's query rows: dQ's column sums, over the warp's 16 rows by shuffles (the lanes of a
+  // column differ in g), then over the warps in their order through P's staging, free since the
+  // last step's barrier (rows past L and skipped causal steps add zeros).
+  if (p.dq_sums != nullptr) {
+    float* part = reinterpret_cast<float*>(ps);  // [warps][kD]
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      float s0 = dq[n][0] + dq[n][2], s1 = dq[n][1] + dq[n][3];
+#pragma unroll
+      for (int m = 4; m < 32; m <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, m);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, m);
+      }
+      if (g == 0) part[warp * kD + n * 8 + 2 * t] = s0, part[warp * kD + n * 8 + 2 * t + 1] = s1;
+    }
+    __syncthreads();
+    for (int col = threadIdx.x; col < dh; col += blockDim.x) {  // a block of one warp has 32 threads
+      float sum = 0.f;
+      for (int w = 0; w < warps; ++w) sum += part[w * kD + col];
+      p.dq_sums[b * p.dq_sums_b + h * dh + col] = sum;
+    }
   }
 
   // dQ, written through the warp's own rows of Q's array (every read of Q done: the barrier above).
@@ -267,8 +305,9 @@ cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
     kernel<<<static_cast<unsigned>(s.batch * s.heads), l.lp / 16 * 32, l.total, stream>>>(p);
     return cudaGetLastError();
   };
-  if (s.head_dim == kD && s.kv_len % kStep == 0) return go(mid_bwd_kernel<T, kD, true>);
-  return go(mid_bwd_kernel<T, kD, false>);
+  const bool exact = s.head_dim == kD && s.kv_len % kStep == 0;
+  if (s.causal) return exact ? go(mid_bwd_kernel<T, kD, true, true>) : go(mid_bwd_kernel<T, kD, false, true>);
+  return exact ? go(mid_bwd_kernel<T, kD, true, false>) : go(mid_bwd_kernel<T, kD, false, false>);
 }
 
 }  // namespace
