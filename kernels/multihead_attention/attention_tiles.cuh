@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/common/mma.cuh"
 
@@ -19,6 +20,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __host__ __device__ constexpr int round16(int64_t n) { return static_cast<int>((n + 15) / 16 * 16); }
 __host__ __device__ constexpr std::size_t align128(std::size_t n) { return (n + 127) / 128 * 128; }
+
+// A supports() refusal: the reason into `why` (where asked), and false.
+inline bool fail(std::string* why, const char* text) {
+  if (why) *why = text;
+  return false;
+}
 
 // A block's shared memory carved into arrays one after another, each starting on 128 bytes.
 struct SmemCarve {

@@ -290,11 +290,6 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   write_rows<T, kD>(dq, 1.f, 1.f, qs + r0 * ld, ld, dq_out, p.sdq.l, q_len - r0, dh, lane);
 }
 
-bool fail(std::string* why, const char* text) {
-  if (why) *why = text;
-  return false;
-}
-
 template <typename T, int kD>
 cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
   const ShortShape& s = p.shape;

@@ -246,11 +246,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) short_bwd_kernel(ShortBwdParam
                     p.sdq.l, q_len - r0, dh, lane);
 }
 
-bool fail(std::string* why, const char* text) {
-  if (why) *why = text;
-  return false;
-}
-
 // The register buckets: head size and padded key length each 32, 64 or 128.
 constexpr int bucket(int64_t n) { return n <= 32 ? 32 : n <= 64 ? 64 : 128; }
 

@@ -318,11 +318,19 @@ def core_failures(core, embed, heads, batch, length, kv_length, mode, batch_firs
                   if e > max(TOLERANCE[dtype], 4 * et)]
 
 
-def takes_kdim_vdim(core):
-    """Whether `core` says it takes a bf16 call with kdim/vdim (three projections), on the GPU."""
+def assert_refuses_three_projections_and_masks(core, length):
+    """hfnn's own cores (GPU) say no to a bf16 call with kdim/vdim (three projections: the op runs
+    such calls as a composite that autograd differentiates op by op, which their forwards are not),
+    with an attn_mask and with a key_padding_mask, at `length` tokens."""
+    supports = torch.ops.hfnn.multi_head_attention_supports
     q = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, 64, 96, device="cuda", dtype=torch.bfloat16)
-    return torch.ops.hfnn.multi_head_attention_supports(q, kv, kv, 2, True, False, 0.0, core, separate_proj=True)
+    assert not supports(q, kv, kv, 2, True, False, 0.0, core, separate_proj=True)
+    q = torch.randn(2, length, 128, device="cuda", dtype=torch.bfloat16)
+    assert not supports(q, q, q, 2, True, False, 0.0, core,
+                        attn_mask=torch.zeros(length, length, device="cuda", dtype=torch.bfloat16))
+    assert not supports(q, q, q, 2, True, False, 0.0, core,
+                        key_padding_mask=torch.zeros(2, length, device="cuda", dtype=torch.bool))
 
 
 def assert_bit_identical_and_under_graph_replay(core, batch, length, embed=512, heads=8):

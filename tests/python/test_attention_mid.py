@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from conftest import requires_gpu
-from test_attention import (assert_bit_identical_and_under_graph_replay, core_failures, gpu_case, rel,
-                            takes_kdim_vdim)
+from test_attention import (assert_bit_identical_and_under_graph_replay, assert_refuses_three_projections_and_masks,
+                            core_failures, gpu_case, rel)
 
 CORE = "hfnn_mid"
 HEAD_DIMS = [16, 32, 48, 64]
@@ -93,14 +93,7 @@ def test_gpu_supports_is_exactly_its_limits():
     assert not ok(head_dim=80) and not ok(head_dim=128) and not ok(head_dim=24)  # 16, 32, 48 or 64
     assert not ok(dtype=torch.float32)  # tensor-core products in 16-bit only
     assert not ok(dropout=0.1)
-    # kdim/vdim (three projections): the op runs such calls as a composite that autograd
-    # differentiates op by op, which hfnn's own forward is not, so the core says no.
-    assert not takes_kdim_vdim(CORE)
-    q = torch.randn(2, 256, 128, device="cuda", dtype=torch.bfloat16)
-    assert not supported(q, q, q, 2, True, False, attn_mask=torch.zeros(256, 256, device="cuda",
-                                                                        dtype=torch.bfloat16))
-    assert not supported(q, q, q, 2, True, False,
-                         key_padding_mask=torch.zeros(2, 256, device="cuda", dtype=torch.bool))
+    assert_refuses_three_projections_and_masks(CORE, 256)
     m = nn.MultiheadAttention(256, 2, batch_first=True, device="cuda", dtype=torch.bfloat16)
     big = torch.randn(2, 257, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="does not take"):

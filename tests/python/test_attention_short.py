@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from conftest import requires_gpu
-from test_attention import assert_bit_identical_and_under_graph_replay, core_failures, takes_kdim_vdim
+from test_attention import (assert_bit_identical_and_under_graph_replay, assert_refuses_three_projections_and_masks,
+                            core_failures)
 
 CORE = "hfnn_short"
 HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128]
@@ -93,12 +94,7 @@ def test_gpu_supports_is_exactly_its_limits():
     assert not ok(head_dim=8) and not ok(head_dim=24) and not ok(head_dim=144)  # multiples of 16 to 128
     assert not ok(dtype=torch.float32)  # tensor-core products in 16-bit only
     assert not ok(dropout=0.1)
-    # kdim/vdim (three projections): the op runs such calls as a composite that autograd
-    # differentiates op by op, which hfnn's own forward is not, so the core says no.
-    assert not takes_kdim_vdim(CORE)
-    q = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
-    assert not supported(q, q, q, 2, True, False, attn_mask=torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16))
-    assert not supported(q, q, q, 2, True, False, key_padding_mask=torch.zeros(2, 64, device="cuda", dtype=torch.bool))
+    assert_refuses_three_projections_and_masks(CORE, 64)
     # 128 x 128 with heads of 128, the largest block (about 210 KB backward): it runs where the device
     # has the shared memory (H100, H200) and is refused, not crashed, where it has not.
     big = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
