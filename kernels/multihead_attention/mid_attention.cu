@@ -97,7 +97,8 @@ __device__ __forceinline__ void wait_pending(int n) {
 
 // kExact: the head size is kD and the keys fill whole steps (S a multiple of 64): every tile count
 // a constant, so the products' loops unroll without guards (the issue's [200, 256, 1024, 16], H100:
-// 4,200 instructions a warp against 7,000, 865 against 1,012 us a call).
+// 4,200 instructions a warp against 7,000, 865 against 1,012 us a call). Not causal, the launch
+// also asks for 128 query rows or more (its dV/dK tiles below).
 // kCausal: the call's causal flag as a constant, so the non-causal kernel carries none of the
 // causal skips' branches (with them as run-time tests it took 670 against 660 us a call at
 // [200, 256, 1024, 16] bf16 on an H100).
@@ -122,7 +123,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 
   // Copies in groups, in the order they are needed: Q, the log-sum-exp, the first step's K, dO and
   // O (P and D), then the first V (dP), then each later step's K and V, which land while the steps
-  // before them compute (waited for at the end of the step before).
+  // before them compute (waited for at the end of the step before). Causal, dO and O go with the
+  // first V (below).
   const T* k_src = static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h;
   const T* v_src = static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h;
   auto load_step = [&](T* dst, const T* src, int64_t stride, int j0) {
@@ -132,11 +134,15 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   const float* lse = p.lse + b * p.lse_b + h * p.lse_h;
   for (int i = threadIdx.x; i < l.lp; i += blockDim.x) copy4(ls + i, i < q_len ? lse + i : lse, i < q_len);
   load_step(ks, k_src, p.sk.l, 0);
+  // Causal: dO and O go with the first V instead, and the first step's scores are computed while
+  // they land (D is then summed at the first step). Measured at 256 x 256 x 64 on an H100: causal
+  // 504 -> 491 us; not causal 675 -> 687 (16 bytes of spills there), so it keeps them here.
+  if constexpr (kCausal) commit();
   const T* dout = static_cast<const T*>(p.dout) + b * p.sdo.b + h * p.sdo.h;
   load_rows<T, kD>(dos, ld, dout, p.sdo.l, q_len, l.lp, dh);
   // O, for D, into the staging of P (free until the first step stages P there).
   load_rows<T, kD>(ps, lds, static_cast<const T*>(p.o) + b * p.so.b + h * p.so.h, p.so.l, q_len, l.lp, dh);
-  commit();
+  if constexpr (!kCausal) commit();
   load_step(vs, v_src, p.sv.l, 0);
   commit();
   const int steps = (l.sp + kStep - 1) / kStep;  // groups: 2 + (steps - 1)
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
   const int g = lane >> 2, t = lane & 3;
 
-  wait_pending(steps);  // Q, the log-sum-exp, the first K, dO and O
+  wait_pending(steps);  // Q, the log-sum-exp, the first K (not causal: dO and O too)
   __syncthreads();
 
   const int d_blocks = kExact ? kD / 16 : dh / 16;
@@ -163,8 +169,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 
   float dq[kD / 8][4];
   zero(dq);
-  float dd_lo, dd_hi;  // D of rows i_lo and i_hi
-  {
+  float dd_lo = 0.f, dd_hi = 0.f;  // D of rows i_lo and i_hi
+  auto sum_d = [&] {
     // D_i = sum_d dO_id O_id for the warp's own rows (two lanes a row, 16-byte vectors in turn),
     // from O in P's staging rows, which only this warp writes next; rows past L are 0.
     const int r = r0 + lane / 2;
@@ -187,7 +193,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     __syncwarp();
     dd_lo = dsum[i_lo];
     dd_hi = dsum[i_hi];
-  }
+  };
+  if constexpr (!kCausal) sum_d();
   for (int k0 = 0; k0 < l.sp; k0 += kStep) {
     const int k_pairs = kExact ? kStep / 16 : min(kStep, l.sp - k0) / 16;  // 16-key blocks in this step
 
@@ -209,8 +216,9 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     }
 
     if (k0 == 0) {
-      wait_pending(steps - 1);  // the first V
+      wait_pending(steps - 1);  // the first V (causal: dO and O too)
       __syncthreads();
+      if constexpr (kCausal) sum_d();
     }
     if (live) {
       // dP = dO V^T, then dS = P (dP - D) scale in its place; P and dS staged for dV and dK.
@@ -227,36 +235,81 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     }
     __syncthreads();
 
-    // dV = P^T dO and dK = dS^T Q for the step's keys, tiles of 16 keys x 32 columns shared by the
-    // block's warps, each written through the step's rows of V's or K's array (no longer read).
-    const int tiles_n = k_pairs * halves * 2;
-    for (int tile = warp; tile < tiles_n; tile += warps) {
-      const int which = tile & 1, half = (tile >> 1) % halves, kt = (tile >> 1) / halves;
-      const T* a_src = which == 0 ? ps : dss;
-      const T* b_src = which == 0 ? dos : qs;
-      const int d0 = half * 32, pairs = kExact ? 2 : min(2, (dh - d0) / 16);
-      float acc[4][4];
-      zero(acc);
-      // Causal: query rows before the tile's first key see none of its keys (P = dS = 0 there).
-      const int kb0 = kCausal ? min((k0 + kt * 16) / 16, l_blocks) : 0;
-#pragma unroll 4
-      for (int kb = kb0; kb < l_blocks; ++kb) {
-        uint32_t a[4];
-        ldsm_t(a, at_row(a_src, lds, kb * 16, kt * 16, lane));
+    // dV = P^T dO and dK = dS^T Q for the step's keys, each tile written through the step's rows of
+    // V's or K's array (no longer read).
+    if constexpr (kExact && !kCausal) {
+      // Whole steps of a head size of kD, not causal: tiles of 32 keys x 32 columns, 8 a step (dV
+      // and dK, two key pairs, two column halves), so each ldmatrix of dO or Q feeds two key blocks:
+      // 4 loads for 8 products where a 16-key tile makes 3 for 4. At 16 warps (256 query rows) half
+      // the block's warps take one and the others wait at the barrier. At 256 x 256 x 64 on an H100
+      // the kernel went from 675 to 627 us; causal, whose tiles start at their own first key, it
+      // went from 504 to 514, so the causal kernels keep the 16-key tiles below. A block has a
+      // warp a tile: the launch takes this kernel at 128 query rows or more (a loop over tiles for
+      // fewer warps spilled, and with a run-time test for them the kernel took 640 us, not 627).
+      constexpr int kTiles = (kStep / 32) * (kD / 32) * 2;
+      static_assert(kTiles <= 128 / 16, "a warp a tile at the 128 query rows the launch asks for");
+      if (const int tile = warp; tile < kTiles) {
+        const int which = tile & 1, half = (tile >> 1) % (kD / 32), kt = (tile >> 1) / (kD / 32);
+        const T* a_src = which == 0 ? ps : dss;
+        const T* b_src = which == 0 ? dos : qs;
+        const int d0 = half * 32;
+        float acc[2][4][4];
+        zero(acc[0]);
+        zero(acc[1]);
+#pragma unroll 2
+        for (int kb = 0; kb < l_blocks; ++kb) {
+          uint32_t a0[4], a1[4];
+          ldsm_t(a0, at_row(a_src, lds, kb * 16, kt * 32, lane));
+          ldsm_t(a1, at_row(a_src, lds, kb * 16, kt * 32 + 16, lane));
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          if (np < pairs) {
+          for (int np = 0; np < 2; ++np) {
             uint32_t bb[4];
             ldsm_t(bb, b_row(b_src, ld, kb * 16, d0 + np * 16, lane));
-            mma<T>(acc[2 * np], a, bb[0], bb[1]);
-            mma<T>(acc[2 * np + 1], a, bb[2], bb[3]);
+            mma<T>(acc[0][2 * np], a0, bb[0], bb[1]);
+            mma<T>(acc[0][2 * np + 1], a0, bb[2], bb[3]);
+            mma<T>(acc[1][2 * np], a1, bb[0], bb[1]);
+            mma<T>(acc[1][2 * np + 1], a1, bb[2], bb[3]);
           }
         }
+        const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j0 = k0 + kt * 32 + e * 16;
+          write_tile<T>(acc[e], 2, (which == 0 ? vs : ks) + j0 * ld + d0, ld,
+                        (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
+        }
       }
-      const int j0 = k0 + kt * 16;
-      const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
-      write_tile<T>(acc, pairs, (which == 0 ? vs : ks) + j0 * ld + d0, ld,
-                    (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
+    } else {
+      // Tiles of 16 keys x 32 columns shared by the block's warps.
+      const int tiles_n = k_pairs * halves * 2;
+      for (int tile = warp; tile < tiles_n; tile += warps) {
+        const int which = tile & 1, half = (tile >> 1) % halves, kt = (tile >> 1) / halves;
+        const T* a_src = which == 0 ? ps : dss;
+        const T* b_src = which == 0 ? dos : qs;
+        const int d0 = half * 32, pairs = kExact ? 2 : min(2, (dh - d0) / 16);
+        float acc[4][4];
+        zero(acc);
+        // Causal: query rows before the tile's first key see none of its keys (P = dS = 0 there).
+        const int kb0 = kCausal ? min((k0 + kt * 16) / 16, l_blocks) : 0;
+#pragma unroll 4
+        for (int kb = kb0; kb < l_blocks; ++kb) {
+          uint32_t a[4];
+          ldsm_t(a, at_row(a_src, lds, kb * 16, kt * 16, lane));
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            if (np < pairs) {
+              uint32_t bb[4];
+              ldsm_t(bb, b_row(b_src, ld, kb * 16, d0 + np * 16, lane));
+              mma<T>(acc[2 * np], a, bb[0], bb[1]);
+              mma<T>(acc[2 * np + 1], a, bb[2], bb[3]);
+            }
+          }
+        }
+        const int j0 = k0 + kt * 16;
+        const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
+        write_tile<T>(acc, pairs, (which == 0 ? vs : ks) + j0 * ld + d0, ld,
+                      (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
+      }
     }
     wait_pending(steps - 2 - k0 / kStep);  // the next step's K and V (past the last step: none pending)
     __syncthreads();
@@ -302,7 +355,8 @@ cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
   };
   const bool exact = s.head_dim == kD && s.kv_len % kStep == 0;
   if (s.causal) return exact ? go(mid_bwd_kernel<T, kD, true, true>) : go(mid_bwd_kernel<T, kD, false, true>);
-  return exact ? go(mid_bwd_kernel<T, kD, true, false>) : go(mid_bwd_kernel<T, kD, false, false>);
+  // Not causal, the exact kernel's dV/dK tiles take a warp each, 8 of them: 128 query rows or more.
+  return exact && s.q_len >= 128 ? go(mid_bwd_kernel<T, kD, true, false>) : go(mid_bwd_kernel<T, kD, false, false>);
 }
 
 }  // namespace
