@@ -99,7 +99,7 @@ if [ -n "$wheel" ] && python3 -m pip install -q --no-deps --no-index --force-rei
 else
   echo "carried wheel missing or not loadable here: building from source"
   deps=$PWD/.deps/root/usr
-  export SKBUILD_CMAKE_ARGS="-Dfmt_DIR=$deps/lib/x86_64-linux-gnu/cmake/fmt;-DGTest_DIR=$deps/lib/x86_64-linux-gnu/cmake/GTest;-DCLI11_DIR=$deps/share/cmake/CLI11;-Dnlohmann_json_DIR=$deps/share/cmake/nlohmann_json;-DHFNN_CUDA_ARCHITECTURES=90"
+  export SKBUILD_CMAKE_ARGS="-Dfmt_DIR=$deps/lib/x86_64-linux-gnu/cmake/fmt;-DGTest_DIR=$deps/lib/x86_64-linux-gnu/cmake/GTest;-DCLI11_DIR=$deps/share/cmake/CLI11;-Dnlohmann_json_DIR=$deps/share/cmake/nlohmann_json;-DHFNN_CUDA_ARCHITECTURES=90a-real"
   export CMAKE_BUILD_PARALLEL_LEVEL=16
   # The image's default compiler (/opt/gcc) links libstdc++ into the op library statically, and a
   # second libstdc++ beside torch's crashed formatting an error message (seen 2026-11-22: a

@@ -2,9 +2,9 @@
 # Builds, on this (CPU) machine, what scripts/device_run.sh installs on the GPU machine: the hfnn
 # wheel (py3-none: one wheel for every Python, built against this machine's torch, which must be
 # the GPU machine's version) and the C++ test binary, into .devbuild/ (git-ignored; carry it).
-# The GPU machines are Hopper (H100, H200): both are built for sm_90 machine code alone (90-real: no
+# The GPU machines are Hopper (H100, H200): both are built for sm_90a machine code alone (90a-real: no
 # PTX), in a build directory of their own (build/device-sm90; the installed package keeps
-# 80-virtual;90), which leaves out the PTX that made up most of the op library (with it, a 45 MB
+# 80-virtual;90-virtual;90a-real), which leaves out the PTX that made up most of the op library (with it, a 45 MB
 # wheel and a 22 MB gzipped test binary on 2026-11-26, over the 64 MiB carry together). The test
 # binary is stripped and gzipped; device_run.sh unpacks it.
 #   --lstm-phases  also a test binary whose persistent LSTM kernels time their phases
@@ -44,7 +44,7 @@ for arg in "$@"; do
   esac
 done
 build=build/device-sm90
-device_settings=(--config-settings=build-dir=$build --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90-real
+device_settings=(--config-settings=build-dir=$build --config-settings=cmake.define.HFNN_CUDA_ARCHITECTURES=90a-real
   --config-settings=cmake.define.HFNN_LSTM_PHASES=OFF)
 if [ "$baseline" = 1 ]; then
   if git diff --quiet HEAD --; then

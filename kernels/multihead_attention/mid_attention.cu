@@ -19,6 +19,10 @@
 // Shared memory (16-bit rows padded by 8 elements, as short_attention.cu): Q and dO [Lp, Dh], K and
 // V [Sp, Dh], P and dS of a step [Lp, 64] (O's rows there before the first step), the log-sum-exp
 // and D [Lp]: 218 KB at 256 x 256 x 64, so one block an SM, 16 warps, at most 128 registers a thread.
+// The non-causal kernel of head size 64 in whole steps (mid_swizzled) keeps K and V unpadded, in
+// wgmma's 128-byte swizzle, and computes a step's scores and dP with wgmma, a warpgroup's 64 rows
+// against the step's 64 keys (Lp then a multiple of 64): K and V read once a warpgroup, not once a
+// warp (H100, [200, 256, 1024, 16] bf16: 634 -> 583 us a call).
 #include "kernels/multihead_attention/mid_attention.h"
 
 #include <cstring>
@@ -40,37 +44,120 @@ struct MidLayout {
   std::size_t q = 0, k = 0, v = 0, dout = 0, p = 0, ds = 0, lse = 0, d = 0, total = 0;
 };
 
-__host__ __device__ MidLayout mid_layout(int64_t q_len, int64_t kv_len, int64_t head_dim) {
+// The kernel whose K and V are wgmma's operands (kSwz below): not causal, head size 64, keys in
+// whole steps, 128 query rows or more (its dV/dK tiles take a warp each).
+__host__ __device__ constexpr bool mid_swizzled(int64_t q_len, int64_t kv_len, int64_t head_dim, bool causal) {
+  return !causal && head_dim == 64 && kv_len % kStep == 0 && q_len >= 128;
+}
+
+// swz: K and V as 64-column rows of 128 bytes in wgmma's 128-byte swizzle, first in the block and
+// on 1,024 bytes (the total has 1,024 bytes of slack: the kernel aligns the block's base), and
+// the query rows padded to warpgroups of 64.
+__host__ __device__ MidLayout mid_layout(int64_t q_len, int64_t kv_len, int64_t head_dim, bool swz) {
   MidLayout l;
-  l.lp = round16(q_len);
+  l.lp = swz ? static_cast<int>((q_len + 63) / 64 * 64) : round16(q_len);
   l.sp = round16(kv_len);
   l.ld = static_cast<int>(head_dim) + kPad;
   l.lds = kStep + kPad;
   SmemCarve c;
+  if (swz) {
+    l.k = c.take(std::size_t(l.sp) * 128);
+    l.v = c.take(std::size_t(l.sp) * 128);
+  }
   l.q = c.take(std::size_t(l.lp) * l.ld * 2);
-  l.k = c.take(std::size_t(l.sp) * l.ld * 2);
-  l.v = c.take(std::size_t(l.sp) * l.ld * 2);
+  if (!swz) {
+    l.k = c.take(std::size_t(l.sp) * l.ld * 2);
+    l.v = c.take(std::size_t(l.sp) * l.ld * 2);
+  }
   l.dout = c.take(std::size_t(l.lp) * l.ld * 2);
   l.p = c.take(std::size_t(l.lp) * l.lds * 2);
   l.ds = c.take(std::size_t(l.lp) * l.lds * 2);
   l.lse = c.take(std::size_t(l.lp) * 4);
   l.d = c.take(std::size_t(l.lp) * 4);
-  l.total = c.at;
+  l.total = c.at + (swz ? 1024 : 0);
   return l;
 }
 
-// A 16 x 32 float accumulator tile (16-column pairs [0, pairs) of it real) through shared memory
-// (`stage`, [16, ld] at the tile's place, this warp's alone) to global rows `stride` apart as
-// 16-byte vectors; rows past rows_left are not written.
+// Element (r, c) of a 64-column 16-bit array in the 128-byte swizzle: row r's 16-byte chunk j is
+// stored at chunk j ^ (r % 8) of its 128 bytes (so 8 rows' same chunk fall in 8 bank groups).
+template <typename P>
+__device__ __forceinline__ P swz(P base, int r, int c) {
+  return base + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+
+// wgmma (sm_90a machine code only: the PTX for other GPUs takes mma.sync on the same layout).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool kHaveWgmma = true;
+#else
+constexpr bool kHaveWgmma = false;
+#endif
+
+// A shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows of 128
+// bytes, 8-row groups 1,024 bytes apart (the stride byte offset), the leading byte offset unused.
+// (A template: code without wgmma never instantiates it.)
 template <typename T>
-__device__ __forceinline__ void write_tile(const float (&acc)[4][4], int pairs, T* stage, int ld, T* dst,
+__device__ __forceinline__ uint64_t sw128_desc(const T* p) {
+  const uint64_t a = smem_addr(p);
+  return ((a & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// Writes by this thread's generic proxy (cp.async, stores) ordered before the async proxy's reads
+// (wgmma's shared-memory operands), once the barrier after it has passed.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// acc[64 x 64 over the warpgroup; this warp's 16 rows] += A B: A (16 x 16 a warp) from registers in
+// mma.sync's A layout, B (16 x 64, K-major) through the descriptor; the accumulators in mma.sync's
+// C layout, 8 column blocks of 8. Fenced, committed and waited for here: the products that follow
+// read the accumulators.
+template <typename T, int kK>
+__device__ __forceinline__ void wgmma_rows(float (&d)[8][4], const uint32_t (&a)[kK][4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int kb = 0; kb < kK; ++kb) {
+    // The 16 columns of B at kb start 32 bytes on in each 128-byte row: the descriptor's address + 2.
+    const uint64_t dk = desc + 2 * kb;
+// scale-d: a predicate, set from operand 37 (1: accumulate; the caller zeroes the accumulators).
+#define HFNN_WGMMA_PRED "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+#define HFNN_WGMMA_ARGS                                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+#define HFNN_WGMMA_OPERANDS                                                                                      \
+  : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),    \
+    "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),    \
+    "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),    \
+    "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),    \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                                  \
+  : "r"(a[kb][0]), "r"(a[kb][1]), "r"(a[kb][2]), "r"(a[kb][3]), "l"(dk), "r"(1)
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      asm volatile(HFNN_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HFNN_WGMMA_ARGS
+                   HFNN_WGMMA_OPERANDS);
+    else
+      asm volatile(HFNN_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " HFNN_WGMMA_ARGS
+                   HFNN_WGMMA_OPERANDS);
+#undef HFNN_WGMMA_PRED
+#undef HFNN_WGMMA_ARGS
+#undef HFNN_WGMMA_OPERANDS
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// A 16 x 32 float accumulator tile (16-column pairs [0, pairs) of it real) through shared memory
+// (stage(r, c): element (r, c) of the tile's place, this warp's alone) to global rows `stride`
+// apart as 16-byte vectors; rows past rows_left are not written.
+template <typename T, typename Stage>
+__device__ __forceinline__ void write_tile(const float (&acc)[4][4], int pairs, Stage&& stage, T* dst,
                                            int64_t stride, int rows_left, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
     if (n < 2 * pairs) {
-      *reinterpret_cast<uint32_t*>(stage + g * ld + n * 8 + 2 * t) = pack2<T>(acc[n][0], acc[n][1]);
-      *reinterpret_cast<uint32_t*>(stage + (g + 8) * ld + n * 8 + 2 * t) = pack2<T>(acc[n][2], acc[n][3]);
+      *reinterpret_cast<uint32_t*>(stage(g, n * 8 + 2 * t)) = pack2<T>(acc[n][0], acc[n][1]);
+      *reinterpret_cast<uint32_t*>(stage(g + 8, n * 8 + 2 * t)) = pack2<T>(acc[n][2], acc[n][3]);
     }
   }
   __syncwarp();
@@ -78,9 +165,17 @@ __device__ __forceinline__ void write_tile(const float (&acc)[4][4], int pairs, 
   for (int k = 0; k < 2; ++k) {
     const int r = lane / 4 + k * 8, c = (lane % 4) * 8;
     if (c < pairs * 16 && r < rows_left)
-      *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
+      *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage(r, c));
   }
   __syncwarp();
+}
+
+// Rows [0, n) of a [n, 64] view (rows `stride` elements apart) into a 64-column swizzled array
+// (swz); rows [n, padded) zero. A thread keeps one 16-byte column and steps down the rows.
+template <typename T>
+__device__ __forceinline__ void load_rows_swz(T* dst, const T* src, int64_t stride, int n, int padded) {
+  const int c = (threadIdx.x % 8) * 8, step = blockDim.x / 8;
+  for (int r = threadIdx.x / 8; r < padded; r += step) copy16(swz(dst, r, c), r < n ? src + r * stride + c : src, r < n);
 }
 
 // Until at most n of this thread's copy groups are in flight (n below 0 counts as 0; at most 4
@@ -102,13 +197,26 @@ __device__ __forceinline__ void wait_pending(int n) {
 // kCausal: the call's causal flag as a constant, so the non-causal kernel carries none of the
 // causal skips' branches (with them as run-time tests it took 670 against 660 us a call at
 // [200, 256, 1024, 16] bf16 on an H100).
+// kSwz (mid_swizzled: not causal, head size 64, whole steps, 128 query rows or more): K and V in
+// the 128-byte swizzle, so the scores S = Q K^T and dP = dO V^T are wgmma's, a warpgroup's 64 rows
+// against the step's 64 keys, K and V read once a warpgroup instead of once a warp (mma.sync on
+// the same layout where the machine code is not sm_90a's).
 template <typename T, int kD, bool kExact, bool kCausal>
 __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr bool kSwz = kExact && !kCausal && kD == 64;
+  constexpr bool kWgmma = kSwz && kHaveWgmma;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw;
+  if constexpr (kSwz) smem += (1024 - smem_addr(smem_raw) % 1024) % 1024;  // the swizzle's 1,024 bytes
   const ShortShape& s = p.shape;
   const int q_len = static_cast<int>(s.q_len), kv_len = static_cast<int>(s.kv_len), dh = static_cast<int>(s.head_dim);
-  const MidLayout l = mid_layout(q_len, kv_len, dh);
+  const MidLayout l = mid_layout(q_len, kv_len, dh, kSwz);
   const int ld = kExact ? kD + kPad : l.ld;
+  // Element (r, c) of K's or V's array.
+  auto kv = [&](auto* base, int r, int c) {
+    if constexpr (kSwz) return swz(base, r, c);
+    else return base + r * ld + c;
+  };
   constexpr int lds = kStep + kPad;
   T* qs = reinterpret_cast<T*>(smem + l.q);
   T* ks = reinterpret_cast<T*>(smem + l.k);
@@ -128,7 +236,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   const T* k_src = static_cast<const T*>(p.k) + b * p.sk.b + h * p.sk.h;
   const T* v_src = static_cast<const T*>(p.v) + b * p.sv.b + h * p.sv.h;
   auto load_step = [&](T* dst, const T* src, int64_t stride, int j0) {
-    load_rows<T, kD>(dst + j0 * ld, ld, src + j0 * stride, stride, kv_len - j0, min(kStep, l.sp - j0), dh);
+    if constexpr (kSwz) load_rows_swz(dst + j0 * 64, src + j0 * stride, stride, kv_len - j0, min(kStep, l.sp - j0));
+    else load_rows<T, kD>(dst + j0 * ld, ld, src + j0 * stride, stride, kv_len - j0, min(kStep, l.sp - j0), dh);
   };
   load_rows<T, kD>(qs, ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
   const float* lse = p.lse + b * p.lse_b + h * p.lse_h;
@@ -156,6 +265,7 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   const int g = lane >> 2, t = lane & 3;
 
   wait_pending(steps);  // Q, the log-sum-exp, the first K (not causal: dO and O too)
+  if constexpr (kWgmma) fence_proxy_async();
   __syncthreads();
 
   const int d_blocks = kExact ? kD / 16 : dh / 16;
@@ -205,33 +315,47 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 
     // The warp's rows of P for the step's keys, from the forward's log-sum-exp. (Rows past L: zero
     // Q and dO rows, a log-sum-exp of 0 and D = 0 give P = 1, dP = 0 and dS = 0, which add nothing.)
+    // acc = X Y^T for the warp's rows against the step's keys: X (Q or dO) padded rows, Y (K or V)
+    // the step's rows of its array.
+    auto rows_by_keys = [&](float(&acc)[kStep / 8][4], const T* xs, const T* ys) {
+      zero(acc);
+      if constexpr (kWgmma) {
+        uint32_t a[kD / 16][4];
+#pragma unroll
+        for (int kb = 0; kb < kD / 16; ++kb) ldsm(a[kb], a_row(xs, ld, r0, kb * 16, lane));
+        wgmma_rows<T, kD / 16>(acc, a, sw128_desc(ys + k0 * 64));
+      } else {
+        product<T, kD / 16, kStep / 8, false>(
+            acc, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(xs, ld, r0, kb * 16, lane)); },
+            [&](int kb, int np) {  // bt_row's lanes
+              return kv(ys, k0 + np * 16 + (lane & 7) + (lane >> 4) * 8, kb * 16 + ((lane >> 3) & 1) * 8);
+            });
+      }
+    };
     float pr[kStep / 8][4];
     if (live) {
-      zero(pr);
-      product<T, kD / 16, kStep / 8, false>(
-          pr, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(qs, ld, r0, kb * 16, lane)); },
-          [&](int kb, int np) { return bt_row(ks, ld, k0 + np * 16, kb * 16, lane); });
+      rows_by_keys(pr, qs, ks);
       if (kCausal || kv_len < k0 + kStep) mask_scores<kStep>(pr, k0, i_lo, kv_len, kCausal, t);
       exp2_rows<kStep>(pr, c, base_lo, base_hi);
     }
 
     if (k0 == 0) {
       wait_pending(steps - 1);  // the first V (causal: dO and O too)
+      if constexpr (kWgmma) fence_proxy_async();
       __syncthreads();
       if constexpr (kCausal) sum_d();
     }
     if (live) {
       // dP = dO V^T, then dS = P (dP - D) scale in its place; P and dS staged for dV and dK.
       float ds[kStep / 8][4];
-      zero(ds);
-      product<T, kD / 16, kStep / 8, false>(
-          ds, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(dos, ld, r0, kb * 16, lane)); },
-          [&](int kb, int np) { return bt_row(vs, ld, k0 + np * 16, kb * 16, lane); });
+      rows_by_keys(ds, dos, vs);
       ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
       // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
       product<T, kStep / 16, kD / 8, true>(
           dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
-          [&](int kb, int np) { return b_row(ks, ld, k0 + kb * 16, np * 16, lane); });
+          [&](int kb, int np) {  // b_row's lanes
+            return kv(ks, k0 + kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8);
+          });
     }
     __syncthreads();
 
@@ -275,7 +399,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j0 = k0 + kt * 32 + e * 16;
-          write_tile<T>(acc[e], 2, (which == 0 ? vs : ks) + j0 * ld + d0, ld,
+          T* const stage = which == 0 ? vs : ks;
+          write_tile<T>(acc[e], 2, [&](int r, int c) { return kv(stage, j0 + r, d0 + c); },
                         (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
         }
       }
@@ -307,11 +432,13 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
         }
         const int j0 = k0 + kt * 16;
         const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
-        write_tile<T>(acc, pairs, (which == 0 ? vs : ks) + j0 * ld + d0, ld,
+        T* const stage = which == 0 ? vs : ks;
+        write_tile<T>(acc, pairs, [&](int r, int c) { return kv(stage, j0 + r, d0 + c); },
                       (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
       }
     }
     wait_pending(steps - 2 - k0 / kStep);  // the next step's K and V (past the last step: none pending)
+    if constexpr (kWgmma) fence_proxy_async();
     __syncthreads();
   }
 
@@ -346,7 +473,7 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 template <typename T, int kD>
 cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
   const ShortShape& s = p.shape;
-  const MidLayout l = mid_layout(s.q_len, s.kv_len, s.head_dim);
+  const MidLayout l = mid_layout(s.q_len, s.kv_len, s.head_dim, mid_swizzled(s.q_len, s.kv_len, s.head_dim, s.causal));
   auto go = [&](auto kernel) -> cudaError_t {
     if (const cudaError_t e = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), l.total); e != cudaSuccess)
       return e;
@@ -365,7 +492,7 @@ std::size_t mid_bwd_smem(const ShortShape& s) {
   if (s.q_len < 1 || s.kv_len < 1 || s.q_len > kMidMaxLen || s.kv_len > kMidMaxLen || s.head_dim < 16 ||
       s.head_dim > kMidMaxHeadDim || s.head_dim % 16 != 0)
     return 0;
-  return mid_layout(s.q_len, s.kv_len, s.head_dim).total;
+  return mid_layout(s.q_len, s.kv_len, s.head_dim, mid_swizzled(s.q_len, s.kv_len, s.head_dim, s.causal)).total;
 }
 
 bool mid_supports(const ShortShape& s, std::string* why) {

@@ -292,8 +292,8 @@ TEST(AttentionDispatch, ATablesAttentionWinnersAreFoundByTheOpsPackedKey) {
 #if HFNN_WITH_CUDA
 // hfnn's own cores' limits as supports() states them, on the CPU with a described device: an H100
 // or H200 (227 KB of shared memory a block), an A100 (163 KB) and a Turing GPU. The block sizes are
-// those the kernels launch with (hfnn_mid at 256 x 256 x 64: 223,232 bytes, as Nsight Compute
-// reported on an H100).
+// those the kernels launch with (hfnn_mid at 256 x 256 x 64, causal: 223,232 bytes, as Nsight
+// Compute reported on an H100; not causal, K and V unpadded in wgmma's swizzle: 216,064).
 DeviceInfo gpu(int cc_major, int64_t optin_kb) {
   DeviceInfo d;
   d.device = 0, d.sm_count = 132, d.cc_major = cc_major, d.smem_per_block_optin = optin_kb * 1024;
@@ -309,7 +309,16 @@ ShortShape shape(int64_t length, int64_t kv_length, int64_t head_dim, DType dtyp
 
 TEST(AttentionCores, MidSupportsIsItsLimits) {
   const DeviceInfo hopper = gpu(9, 227), ampere = gpu(8, 163), turing = gpu(7, 64);
-  EXPECT_EQ(mid_bwd_smem(shape(256, 256, 64, DType::kBFloat16, hopper)), 223232u);
+  EXPECT_EQ(mid_bwd_smem(shape(256, 256, 64, DType::kBFloat16, hopper)), 216064u);
+  ShortShape causal = shape(256, 256, 64, DType::kBFloat16, hopper);
+  causal.causal = true;
+  EXPECT_EQ(mid_bwd_smem(causal), 223232u);
+  // The swizzled kernel pads the query rows to warpgroups of 64: 129 rows take 192's memory; the
+  // others (causal here, or keys not in whole steps of 64) pad to 16.
+  EXPECT_EQ(mid_bwd_smem(shape(129, 128, 64, DType::kBFloat16, hopper)),
+            mid_bwd_smem(shape(192, 128, 64, DType::kBFloat16, hopper)));
+  EXPECT_LT(mid_bwd_smem(shape(129, 120, 64, DType::kBFloat16, hopper)),
+            mid_bwd_smem(shape(192, 120, 64, DType::kBFloat16, hopper)));
   std::string why;
   for (int64_t length : {1, 15, 16, 17, 63, 64, 65, 128, 129, 200, 255, 256})
     for (int64_t head_dim : {16, 32, 48, 64}) {
