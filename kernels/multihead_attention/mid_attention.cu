@@ -1,5 +1,6 @@
 // hfnn's attention backward for sequences of up to 256 tokens (mid_attention.h): one block per
-// (batch, head), one warp per 16 query rows (Lp / 16 warps, Lp = L rounded up to 16, at most 16).
+// (batch, head), one warp per 16 query rows (Lp / 16 warps, Lp = L rounded up to 16, or to 64 in the
+// swizzled kernel below; at most 16 warps).
 //
 // A block:
 //   1. copies Q, the log-sum-exp, dO, O (into P's staging) and the first step's K, then its V, then
@@ -10,7 +11,8 @@
 //      P = 2^(S c - lse), dP = dO V^T and dS = P (dP - D) scale in registers, adds dS K to its dQ
 //      (registers, over every step) and stages P and dS in shared memory. After a barrier the
 //      block's warps take the step's dV = P^T dO and dK = dS^T Q in tiles of 16 keys x 32
-//      columns (a warp at a time, contracting over every query), each written through the step's
+//      columns (32 keys x 32 columns, a warp a tile, in the non-causal kernel of whole steps and
+//      128 query rows or more), contracting over every query, each written through the step's
 //      own rows of K's or V's array (read no more) to global memory as 16-byte rows; a second
 //      barrier frees the staging for the next step;
 //   3. writes dQ through the warp's own rows of Q's array, and where asked its column sums (the
@@ -19,10 +21,10 @@
 // Shared memory (16-bit rows padded by 8 elements, as short_attention.cu): Q and dO [Lp, Dh], K and
 // V [Sp, Dh], P and dS of a step [Lp, 64] (O's rows there before the first step), the log-sum-exp
 // and D [Lp]: 218 KB at 256 x 256 x 64, so one block an SM, 16 warps, at most 128 registers a thread.
-// The non-causal kernel of head size 64 in whole steps (mid_swizzled) keeps K and V unpadded, in
-// wgmma's 128-byte swizzle, and computes a step's scores and dP with wgmma, a warpgroup's 64 rows
-// against the step's 64 keys (Lp then a multiple of 64): K and V read once a warpgroup, not once a
-// warp (H100, [200, 256, 1024, 16] bf16: 634 -> 583 us a call).
+// On Hopper the non-causal kernel of head size 64 in whole steps (mid_swizzled) keeps K and V
+// unpadded, in wgmma's 128-byte swizzle, and computes a step's scores and dP with wgmma, a
+// warpgroup's 64 rows against the step's 64 keys (Lp then a multiple of 64): K and V read once a
+// warpgroup, not once a warp (H100, [200, 256, 1024, 16] bf16: 634 -> 583 us a call).
 #include "kernels/multihead_attention/mid_attention.h"
 
 #include <cstring>
@@ -44,10 +46,14 @@ struct MidLayout {
   std::size_t q = 0, k = 0, v = 0, dout = 0, p = 0, ds = 0, lse = 0, d = 0, total = 0;
 };
 
-// The kernel whose K and V are wgmma's operands (kSwz below): not causal, head size 64, keys in
-// whole steps, 128 query rows or more (its dV/dK tiles take a warp each).
-__host__ __device__ constexpr bool mid_swizzled(int64_t q_len, int64_t kv_len, int64_t head_dim, bool causal) {
-  return !causal && head_dim == 64 && kv_len % kStep == 0 && q_len >= 128;
+// Whether a call runs the kernel whose K and V are wgmma's operands (kSwz below): on Hopper (whose
+// machine code has wgmma; the same layout read by mma.sync where the code is not sm_90a's), not
+// causal, head size 64, keys in whole steps, 128 query rows or more (its dV/dK tiles take a warp
+// each). The one decision: the launch picks the kernel and its layout from it, and the block's
+// shared memory that supports() checks comes from the same. Elsewhere (an A100: 163 KB a block) the
+// padded layout, whose query rows are padded to 16 and not 64, keeps the shapes that fit there.
+bool mid_swizzled(const ShortShape& s) {
+  return s.device.cc_major == 9 && !s.causal && s.head_dim == 64 && s.kv_len % kStep == 0 && s.q_len >= 128;
 }
 
 // swz: K and V as 64-column rows of 128 bytes in wgmma's 128-byte swizzle, first in the block and
@@ -171,11 +177,13 @@ __device__ __forceinline__ void write_tile(const float (&acc)[4][4], int pairs, 
 }
 
 // Rows [0, n) of a [n, 64] view (rows `stride` elements apart) into a 64-column swizzled array
-// (swz); rows [n, padded) zero. A thread keeps one 16-byte column and steps down the rows.
+// (swz); rows [n, padded) zero. A thread keeps one 16-byte column and steps down the rows. dst is
+// a multiple of 8 rows into its array (a step's first row), so the swizzle's row % 8 is the same.
 template <typename T>
 __device__ __forceinline__ void load_rows_swz(T* dst, const T* src, int64_t stride, int n, int padded) {
   const int c = (threadIdx.x % 8) * 8, step = blockDim.x / 8;
-  for (int r = threadIdx.x / 8; r < padded; r += step) copy16(swz(dst, r, c), r < n ? src + r * stride + c : src, r < n);
+  for (int r = threadIdx.x / 8; r < padded; r += step)
+    copy16(swz(dst, r, c), r < n ? src + r * stride + c : src, r < n);
 }
 
 // Until at most n of this thread's copy groups are in flight (n below 0 counts as 0; at most 4
@@ -197,13 +205,13 @@ __device__ __forceinline__ void wait_pending(int n) {
 // kCausal: the call's causal flag as a constant, so the non-causal kernel carries none of the
 // causal skips' branches (with them as run-time tests it took 670 against 660 us a call at
 // [200, 256, 1024, 16] bf16 on an H100).
-// kSwz (mid_swizzled: not causal, head size 64, whole steps, 128 query rows or more): K and V in
-// the 128-byte swizzle, so the scores S = Q K^T and dP = dO V^T are wgmma's, a warpgroup's 64 rows
-// against the step's 64 keys, K and V read once a warpgroup instead of once a warp (mma.sync on
-// the same layout where the machine code is not sm_90a's).
-template <typename T, int kD, bool kExact, bool kCausal>
+// kSwz (the launch's mid_swizzled: Hopper, not causal, head size 64, whole steps, 128 query rows or
+// more): K and V in the 128-byte swizzle, so the scores S = Q K^T and dP = dO V^T are wgmma's, a
+// warpgroup's 64 rows against the step's 64 keys, K and V read once a warpgroup instead of once a
+// warp (mma.sync on the same layout where the machine code is not sm_90a's).
+template <typename T, int kD, bool kExact, bool kCausal, bool kSwz = false>
 __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams p) {
-  constexpr bool kSwz = kExact && !kCausal && kD == 64;
+  static_assert(!kSwz || (kExact && !kCausal && kD == 64), "the swizzled kernel: mid_swizzled's calls");
   constexpr bool kWgmma = kSwz && kHaveWgmma;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw;
@@ -473,7 +481,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 template <typename T, int kD>
 cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
   const ShortShape& s = p.shape;
-  const MidLayout l = mid_layout(s.q_len, s.kv_len, s.head_dim, mid_swizzled(s.q_len, s.kv_len, s.head_dim, s.causal));
+  const bool swizzled = mid_swizzled(s);
+  const MidLayout l = mid_layout(s.q_len, s.kv_len, s.head_dim, swizzled);
   auto go = [&](auto kernel) -> cudaError_t {
     if (const cudaError_t e = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), l.total); e != cudaSuccess)
       return e;
@@ -482,6 +491,9 @@ cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
   };
   const bool exact = s.head_dim == kD && s.kv_len % kStep == 0;
   if (s.causal) return exact ? go(mid_bwd_kernel<T, kD, true, true>) : go(mid_bwd_kernel<T, kD, false, true>);
+  if constexpr (kD == 64) {
+    if (swizzled) return go(mid_bwd_kernel<T, kD, true, false, true>);
+  }
   // Not causal, the exact kernel's dV/dK tiles take a warp each, 8 of them: 128 query rows or more.
   return exact && s.q_len >= 128 ? go(mid_bwd_kernel<T, kD, true, false>) : go(mid_bwd_kernel<T, kD, false, false>);
 }
@@ -492,7 +504,7 @@ std::size_t mid_bwd_smem(const ShortShape& s) {
   if (s.q_len < 1 || s.kv_len < 1 || s.q_len > kMidMaxLen || s.kv_len > kMidMaxLen || s.head_dim < 16 ||
       s.head_dim > kMidMaxHeadDim || s.head_dim % 16 != 0)
     return 0;
-  return mid_layout(s.q_len, s.kv_len, s.head_dim, mid_swizzled(s.q_len, s.kv_len, s.head_dim, s.causal)).total;
+  return mid_layout(s.q_len, s.kv_len, s.head_dim, mid_swizzled(s)).total;
 }
 
 bool mid_supports(const ShortShape& s, std::string* why) {

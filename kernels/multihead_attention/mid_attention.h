@@ -10,9 +10,11 @@
 // once into shared memory, D_i is summed from O's rows there, and dQ accumulates in
 // each warp's registers over the keys, 64 keys a step: the warp's scores, P (from the forward's
 // log-sum-exp), dP, dS and its part of dQ in registers, P and dS of the step staged in shared
-// memory for dV = P^T dO and dK = dS^T Q, which the block's warps then share in 16 x 32 tiles.
-// The products are mma.sync m16n8k16 (fp16 or bf16 in, float32 accumulation); softmax and
-// gradients in float32; every sum in a fixed order (deterministic).
+// memory for dV = P^T dO and dK = dS^T Q, which the block's warps then share in 16 x 32 tiles (32
+// x 32, a warp each, where not causal with whole steps and 128 rows or more). The products are
+// mma.sync m16n8k16 (on Hopper the non-causal scores and dP at head size 64 are wgmma's), fp16 or
+// bf16 in, float32 accumulation; softmax and gradients in float32; every sum in a fixed order
+// (deterministic).
 //
 // Inputs and outputs are [B, H, L, Dh] views given by strides (short_attention.h's Strides), so
 // the gradients of a packed projection land packed. Torch-free: the op fills the struct.
@@ -55,7 +57,8 @@ std::size_t mid_bwd_smem(const ShortShape& s);
 
 // Whether the backward launches for this shape on s.device: fp16 or bf16, head size 16, 32, 48 or
 // 64, L and S from 1 to 256, the block's shared memory (Q, K, V, dO, a step's P and dS: 218 KB at
-// 256 x 256 x 64) under the device's opt-in limit, compute capability 8.0 or later. Empty `why`
+// 256 x 256 x 64, 211 KB with K and V unpadded in Hopper's swizzled kernel) under the device's
+// opt-in limit, compute capability 8.0 or later. Empty `why`
 // where true, else the reason.
 bool mid_supports(const ShortShape& s, std::string* why = nullptr);
 // And for these tensors: every [B, H, L, Dh] view 16-byte aligned with strides multiples of 8
