@@ -2,7 +2,13 @@
 # hfnn_mid's scores and dP by wgmma (issue 11), one device call, from the repository root with
 # .devbuild carried (the wheel and the baseline's library from `scripts/device_wheel.sh --baseline`,
 # and .devbuild/nowg_libhfnn_ops.so.gz: this build with kHaveWgmma false, the mma.sync path on the
-# swizzled layout that GPUs without sm_90a machine code take):
+# swizzled layout that a Hopper runs from a build without sm_90a machine code). The third, after
+# device_wheel.sh: set `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` above kHaveWgmma in
+# kernels/multihead_attention/mid_attention.cu to `#if 0`, then
+#   cmake --build build/device-sm90 --target hfnn_ops && strip -o /tmp/l.so build/device-sm90/libhfnn_ops.so &&
+#     gzip -c /tmp/l.so > .devbuild/nowg_libhfnn_ops.so.gz
+# and put the line back (and rebuild). Move bench/results/layer_norm_*.json aside for the call (the
+# 64 MiB carry), then:
 #   bash bench/experiments/mha_mid_wgmma_run.sh
 # 1. one grid test first (bf16; a wrong wgmma fails it in a minute and the call stops there);
 # 2. config 0 causal and not, HEAD's library against this build's, twice (scripts/device_ab.sh);
