@@ -5,8 +5,8 @@ hfnn::multi_head_attention op, against float64.
 GPU only. Swept densely: every query length from 1 to 256 with key lengths equal, shorter and
 longer, every head size it claims (16, 32, 48, 64), causal or not, batch_first both ways, self-,
 encoder-decoder and cross-attention, fp16 and bf16; then batch and head counts up to the issue's
-[200, 256, 1024, 16] (3,200 blocks), the limits supports() states, run-to-run bit equality and CUDA
-graph capture. Where cuDNN's forward does not take a shape, supports() says no and the case is
+[200, 256, 1024, 16] (3,200 blocks), the limits supports() states, run-to-run bit equality, CUDA
+graph capture, and which backward kernel each kind of shape launches (Hopper's wgmma one where due). Where cuDNN's forward does not take a shape, supports() says no and the case is
 skipped (counted: the sweep asserts that most cases ran).
 """
 import itertools
@@ -128,3 +128,42 @@ def test_gpu_matches_cudnns_own_backward():
         if len(errs) == 2 and errs[CORE] > 1.5 * errs["sdpa_cudnn"] + 1e-3:
             failures.append(f"L={length} causal={causal}: {errs}")
     assert not failures, "\n".join(failures)
+
+
+@requires_gpu
+def test_gpu_runs_the_kernel_its_shape_calls_for():
+    # Which backward kernel a call launches (template arguments <T, head size, exact, causal,
+    # swizzled>, read from the profiler's kernel names): on Hopper the non-causal calls of head size
+    # 64 with keys in whole steps and 128 query rows or more take the swizzled kernel (wgmma); the
+    # others, and every call elsewhere, the padded ones. A call that silently fell to a slower
+    # kernel would pass every accuracy test.
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    cases = [  # (length, kv_length, head size, causal) -> (exact, causal, swizzled)
+        ((256, 256, 64, False), ("true", "false", "true" if hopper else "false")),
+        ((129, 128, 64, False), ("true", "false", "true" if hopper else "false")),
+        ((100, 128, 64, False), ("false", "false", "false")),  # under 128 rows: the general kernel
+        ((256, 200, 64, False), ("false", "false", "false")),  # keys not in whole steps
+        ((256, 256, 64, True), ("true", "true", "false")),
+        ((256, 256, 32, False), ("true", "false", "false")),
+    ]
+    failures, ran = [], 0
+    for (length, kv_length, head_dim, causal), want in cases:
+        heads = 2
+        m = nn.MultiheadAttention(heads * head_dim, heads, batch_first=True, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(3, length, heads * head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        kv = q if kv_length == length else torch.randn(3, kv_length, heads * head_dim, device="cuda",
+                                                       dtype=torch.bfloat16, requires_grad=True)
+        if not supported(q, kv, kv, heads, True, causal):  # cuDNN's forward refused the shape
+            continue
+        ran += 1
+        out = torch.ops.hfnn.multi_head_attention(q, kv, kv, heads, m.in_proj_weight, m.in_proj_bias,
+                                                  m.out_proj.weight, m.out_proj.bias, True, causal, 0.0, CORE)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out.backward(torch.randn_like(out))
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if "mid_bwd_kernel" in e.name]
+        expected = f"{head_dim if head_dim == 32 else 64}, {want[0]}, {want[1]}, {want[2]}>"
+        if len(names) != 1 or expected not in names[0]:
+            failures.append(f"{(length, kv_length, head_dim, causal)}: want ...{expected}, ran {names}")
+    assert not failures, "\n".join(failures)
+    assert ran >= 4, f"cuDNN's forward took only {ran} of {len(cases)} cases"
