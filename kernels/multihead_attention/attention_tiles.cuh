@@ -77,15 +77,24 @@ __device__ __forceinline__ const T* a_row(const T* base, int ld, int r0, int c0,
   return base + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8;
 }
 // Two B operands (16x8 each, for columns n0 and n0 + 8 of the product) of X^T where X is [n, k]
-// row-major in shared memory: rows n0.., columns k0.. Registers: b0, b1 of n0, then of n0 + 8.
+// in shared memory: rows n0.., columns k0.. Registers: b0, b1 of n0, then of n0 + 8. at(r, c): the
+// address of X's element (r, c), for a layout other than padded rows (bt_row).
+template <typename At>
+__device__ __forceinline__ auto bt_at(At&& at, int n0, int k0, int lane) {
+  return at(n0 + (lane & 7) + (lane >> 4) * 8, k0 + ((lane >> 3) & 1) * 8);
+}
 template <typename T>
 __device__ __forceinline__ const T* bt_row(const T* base, int ld, int n0, int k0, int lane) {
-  return base + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8;
+  return bt_at([&](int r, int c) { return base + r * ld + c; }, n0, k0, lane);
 }
-// Two B operands of X itself where X is [k, n] row-major (loaded with .trans): rows k0.., columns n0..
+// Two B operands of X itself where X is [k, n] (loaded with .trans): rows k0.., columns n0..
+template <typename At>
+__device__ __forceinline__ auto b_at(At&& at, int k0, int n0, int lane) {
+  return at(k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n0 + (lane >> 4) * 8);
+}
 template <typename T>
 __device__ __forceinline__ const T* b_row(const T* base, int ld, int k0, int n0, int lane) {
-  return base + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8;
+  return b_at([&](int r, int c) { return base + r * ld + c; }, k0, n0, lane);
 }
 // A operand of X^T where X is [k, m] row-major (loaded with .trans): rows k0.., columns m0..
 template <typename T>

@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
       } else {
         product<T, kD / 16, kStep / 8, false>(
             acc, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(xs, ld, r0, kb * 16, lane)); },
-            [&](int kb, int np) {  // bt_row's lanes
-              return kv(ys, k0 + np * 16 + (lane & 7) + (lane >> 4) * 8, kb * 16 + ((lane >> 3) & 1) * 8);
+            [&](int kb, int np) {
+              return bt_at([&](int r, int c) { return kv(ys, r, c); }, k0 + np * 16, kb * 16, lane);
             });
       }
     };
@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
       // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
       product<T, kStep / 16, kD / 8, true>(
           dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
-          [&](int kb, int np) {  // b_row's lanes
-            return kv(ks, k0 + kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8);
+          [&](int kb, int np) {
+            return b_at([&](int r, int c) { return kv(ks, r, c); }, k0 + kb * 16, np * 16, lane);
           });
     }
     __syncthreads();
