@@ -21,10 +21,11 @@
 // Shared memory (16-bit rows padded by 8 elements, as short_attention.cu): Q and dO [Lp, Dh], K and
 // V [Sp, Dh], P and dS of a step [Lp, 64] (O's rows there before the first step), the log-sum-exp
 // and D [Lp]: 218 KB at 256 x 256 x 64, so one block an SM, 16 warps, at most 128 registers a thread.
-// On Hopper the non-causal kernel of head size 64 in whole steps (mid_swizzled) keeps K and V
-// unpadded, in wgmma's 128-byte swizzle, and computes a step's scores and dP with wgmma, a
-// warpgroup's 64 rows against the step's 64 keys (Lp then a multiple of 64): K and V read once a
-// warpgroup, not once a warp (H100, [200, 256, 1024, 16] bf16: 634 -> 583 us a call).
+// On Hopper the kernels of head size 64 in whole steps (mid_swizzled) keep K and V unpadded, in
+// wgmma's 128-byte swizzle, and compute a step's scores and dP with wgmma, a warpgroup's 64 rows
+// against the step's 64 keys (Lp then a multiple of 64): K and V read once a warpgroup, not once a
+// warp (H100, [200, 256, 1024, 16] bf16: 634 -> 583 us a call; causal, with dQ by wgmma too,
+// 491 -> 444).
 #include "kernels/multihead_attention/mid_attention.h"
 
 #include <cstring>
@@ -47,13 +48,13 @@ struct MidLayout {
 };
 
 // Whether a call runs the kernel whose K and V are wgmma's operands (kSwz below): on Hopper (whose
-// machine code has wgmma; the same layout read by mma.sync where the code is not sm_90a's), not
-// causal, head size 64, keys in whole steps, 128 query rows or more (its dV/dK tiles take a warp
+// machine code has wgmma; the same layout read by mma.sync where the code is not sm_90a's), head
+// size 64, keys in whole steps; not causal, 128 query rows or more (its dV/dK tiles take a warp
 // each). The one decision: the launch picks the kernel and its layout from it, and the block's
 // shared memory that supports() checks comes from the same. Elsewhere (an A100: 163 KB a block) the
 // padded layout, whose query rows are padded to 16 and not 64, keeps the shapes that fit there.
 bool mid_swizzled(const ShortShape& s) {
-  return s.device.cc_major == 9 && !s.causal && s.head_dim == 64 && s.kv_len % kStep == 0 && s.q_len >= 128;
+  return s.device.cc_major == 9 && s.head_dim == 64 && s.kv_len % kStep == 0 && (s.causal || s.q_len >= 128);
 }
 
 // swz: K and V as 64-column rows of 128 bytes in wgmma's 128-byte swizzle, first in the block and
@@ -114,29 +115,32 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 // acc[64 x 64 over the warpgroup; this warp's 16 rows] += A B: A (16 x 16 a warp) from registers in
-// mma.sync's A layout, B (16 x 64, K-major) through the descriptor; the accumulators in mma.sync's
-// C layout, 8 column blocks of 8. Fenced, committed and waited for here: the products that follow
-// read the accumulators.
-template <typename T, int kK>
+// mma.sync's A layout, B (16 x 64) through the descriptor, K-major (kTransB false: B^T's rows of
+// 128 bytes, a k-block 32 bytes on) or N-major (true: B's own rows, a k-block 16 rows = 2,048 bytes
+// on; the 8-row groups 1,024 bytes apart either way); the accumulators in mma.sync's C layout, 8
+// column blocks of 8. Fenced, committed and waited for here: the products that follow read the
+// accumulators.
+template <typename T, int kK, bool kTransB = false>
 __device__ __forceinline__ void wgmma_rows(float (&d)[8][4], const uint32_t (&a)[kK][4], uint64_t desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int kb = 0; kb < kK; ++kb) {
-    // The 16 columns of B at kb start 32 bytes on in each 128-byte row: the descriptor's address + 2.
-    const uint64_t dk = desc + 2 * kb;
+    // K-major: the 16 columns of B^T at kb start 32 bytes on in each 128-byte row (address + 2);
+    // N-major: 16 rows on (address + 128).
+    const uint64_t dk = desc + (kTransB ? 128 : 2) * kb;
 // scale-d: a predicate, set from operand 37 (1: accumulate; the caller zeroes the accumulators).
 #define HFNN_WGMMA_PRED "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
 #define HFNN_WGMMA_ARGS                                                                                         \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
-  "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
 #define HFNN_WGMMA_OPERANDS                                                                                      \
   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),    \
     "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),    \
     "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),    \
     "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),    \
     "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                                  \
-  : "r"(a[kb][0]), "r"(a[kb][1]), "r"(a[kb][2]), "r"(a[kb][3]), "l"(dk), "r"(1)
+  : "r"(a[kb][0]), "r"(a[kb][1]), "r"(a[kb][2]), "r"(a[kb][3]), "l"(dk), "r"(1), "n"(kTransB ? 1 : 0)
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
       asm volatile(HFNN_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HFNN_WGMMA_ARGS
                    HFNN_WGMMA_OPERANDS);
@@ -205,13 +209,17 @@ __device__ __forceinline__ void wait_pending(int n) {
 // kCausal: the call's causal flag as a constant, so the non-causal kernel carries none of the
 // causal skips' branches (with them as run-time tests it took 670 against 660 us a call at
 // [200, 256, 1024, 16] bf16 on an H100).
-// kSwz (the launch's mid_swizzled: Hopper, not causal, head size 64, whole steps, 128 query rows or
-// more): K and V in the 128-byte swizzle, so the scores S = Q K^T and dP = dO V^T are wgmma's, a
-// warpgroup's 64 rows against the step's 64 keys, K and V read once a warpgroup instead of once a
-// warp (mma.sync on the same layout where the machine code is not sm_90a's).
+// kSwz (the launch's mid_swizzled: Hopper, head size 64, whole steps; not causal, 128 query rows
+// or more): K and V in the 128-byte swizzle, so the scores S = Q K^T and dP = dO V^T are wgmma's
+// (causal, dQ = dS K too), a warpgroup's 64 rows against the step's 64 keys, K and V read once a
+// warpgroup instead of once a warp (mma.sync on the same layout where the machine code is not
+// sm_90a's).
 template <typename T, int kD, bool kExact, bool kCausal, bool kSwz = false>
 __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams p) {
-  static_assert(!kSwz || (kExact && !kCausal && kD == 64), "the swizzled kernel: mid_swizzled's calls");
+  // Causal too: a warp skips a step where its rows all come before the step's keys, and with steps
+  // of 64 keys and warpgroups of 64 rows the four warps of a warpgroup skip the same steps, so
+  // wgmma's warpgroup stays whole.
+  static_assert(!kSwz || (kExact && kD == 64), "the swizzled kernel: mid_swizzled's calls");
   constexpr bool kWgmma = kSwz && kHaveWgmma;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw;
@@ -359,11 +367,22 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
       rows_by_keys(ds, dos, vs);
       ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
       // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
-      product<T, kStep / 16, kD / 8, true>(
-          dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
-          [&](int kb, int np) {
-            return b_at([&](int r, int c) { return kv(ks, r, c); }, k0 + kb * 16, np * 16, lane);
-          });
+      // By wgmma in the causal kernel alone: the non-causal one, with dQ's 32 accumulators pinned
+      // for it, spilled 28 bytes and ran slower (H100, config 0: 586-590 against 580-584 us; causal
+      // 444 against 461 with S and dP by wgmma; results/mha_mid_wgmma_causal-h100.json).
+      if constexpr (kWgmma && kCausal) {
+        // K itself is B here (keys x head columns, the columns contiguous): N-major.
+        uint32_t a[kStep / 16][4];
+#pragma unroll
+        for (int kb = 0; kb < kStep / 16; ++kb) acc_to_a<T>(a[kb], ds, kb);
+        wgmma_rows<T, kStep / 16, true>(dq, a, sw128_desc(ks + k0 * 64));
+      } else {
+        product<T, kStep / 16, kD / 8, true>(
+            dq, k_pairs, d_blocks, [&](int kb, uint32_t(&a)[4]) { acc_to_a<T>(a, ds, kb); },
+            [&](int kb, int np) {
+              return b_at([&](int r, int c) { return kv(ks, r, c); }, k0 + kb * 16, np * 16, lane);
+            });
+      }
     }
     __syncthreads();
 
@@ -490,10 +509,11 @@ cudaError_t launch(const MidBwdParams& p, cudaStream_t stream) {
     return cudaGetLastError();
   };
   const bool exact = s.head_dim == kD && s.kv_len % kStep == 0;
-  if (s.causal) return exact ? go(mid_bwd_kernel<T, kD, true, true>) : go(mid_bwd_kernel<T, kD, false, true>);
   if constexpr (kD == 64) {
-    if (swizzled) return go(mid_bwd_kernel<T, kD, true, false, true>);
+    if (swizzled)
+      return s.causal ? go(mid_bwd_kernel<T, kD, true, true, true>) : go(mid_bwd_kernel<T, kD, true, false, true>);
   }
+  if (s.causal) return exact ? go(mid_bwd_kernel<T, kD, true, true>) : go(mid_bwd_kernel<T, kD, false, true>);
   // Not causal, the exact kernel's dV/dK tiles take a warp each, 8 of them: 128 query rows or more.
   return exact && s.q_len >= 128 ? go(mid_bwd_kernel<T, kD, true, false>) : go(mid_bwd_kernel<T, kD, false, false>);
 }

@@ -292,8 +292,8 @@ TEST(AttentionDispatch, ATablesAttentionWinnersAreFoundByTheOpsPackedKey) {
 #if HFNN_WITH_CUDA
 // hfnn's own cores' limits as supports() states them, on the CPU with a described device: an H100
 // or H200 (227 KB of shared memory a block), an A100 (163 KB) and a Turing GPU. The block sizes are
-// those the kernels launch with (hfnn_mid at 256 x 256 x 64, causal: 223,232 bytes, as Nsight
-// Compute reported on an H100; not causal, K and V unpadded in wgmma's swizzle: 216,064).
+// those the kernels launch with (hfnn_mid at 256 x 256 x 64: 216,064 bytes with K and V unpadded
+// in wgmma's swizzle; padded, 223,232, as Nsight Compute reported on an H100).
 DeviceInfo gpu(int cc_major, int64_t optin_kb) {
   DeviceInfo d;
   d.device = 0, d.sm_count = 132, d.cc_major = cc_major, d.smem_per_block_optin = optin_kb * 1024;
@@ -312,9 +312,9 @@ TEST(AttentionCores, MidSupportsIsItsLimits) {
   EXPECT_EQ(mid_bwd_smem(shape(256, 256, 64, DType::kBFloat16, hopper)), 216064u);
   ShortShape causal = shape(256, 256, 64, DType::kBFloat16, hopper);
   causal.causal = true;
-  EXPECT_EQ(mid_bwd_smem(causal), 223232u);
-  // The swizzled kernel pads the query rows to warpgroups of 64: 129 rows take 192's memory; the
-  // others (causal here, or keys not in whole steps of 64) pad to 16.
+  EXPECT_EQ(mid_bwd_smem(causal), 216064u);
+  // The swizzled kernels pad the query rows to warpgroups of 64: 129 rows take 192's memory; the
+  // others (keys not in whole steps of 64) pad to 16.
   EXPECT_EQ(mid_bwd_smem(shape(129, 128, 64, DType::kBFloat16, hopper)),
             mid_bwd_smem(shape(192, 128, 64, DType::kBFloat16, hopper)));
   EXPECT_LT(mid_bwd_smem(shape(129, 120, 64, DType::kBFloat16, hopper)),

@@ -133,17 +133,19 @@ def test_gpu_matches_cudnns_own_backward():
 @requires_gpu
 def test_gpu_runs_the_kernel_its_shape_calls_for():
     # Which backward kernel a call launches (template arguments <T, head size, exact, causal,
-    # swizzled>, read from the profiler's kernel names): on Hopper the non-causal calls of head size
-    # 64 with keys in whole steps and 128 query rows or more take the swizzled kernel (wgmma); the
-    # others, and every call elsewhere, the padded ones. A call that silently fell to a slower
-    # kernel would pass every accuracy test.
+    # swizzled>, read from the profiler's kernel names): on Hopper the calls of head size 64 with
+    # keys in whole steps take the swizzled kernels (wgmma), causal at any query length, not causal
+    # at 128 query rows or more; the others, and every call elsewhere, the padded ones. A call that
+    # silently fell to a slower kernel would pass every accuracy test.
     hopper = torch.cuda.get_device_capability()[0] == 9
     cases = [  # (length, kv_length, head size, causal) -> (exact, causal, swizzled)
         ((256, 256, 64, False), ("true", "false", "true" if hopper else "false")),
         ((129, 128, 64, False), ("true", "false", "true" if hopper else "false")),
         ((100, 128, 64, False), ("false", "false", "false")),  # under 128 rows: the general kernel
         ((256, 200, 64, False), ("false", "false", "false")),  # keys not in whole steps
-        ((256, 256, 64, True), ("true", "true", "false")),
+        ((256, 256, 64, True), ("true", "true", "true" if hopper else "false")),
+        ((100, 128, 64, True), ("true", "true", "true" if hopper else "false")),  # causal: any rows
+        ((256, 200, 64, True), ("false", "true", "false")),
         ((256, 256, 32, False), ("true", "false", "false")),
     ]
     failures, ran = [], 0
