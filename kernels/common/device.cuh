@@ -209,6 +209,16 @@ decltype(auto) with_access_bytes(int bytes, F&& f) {
   return f.template operator()<16>();
 }
 
+// Drops the 128-byte line at p (128-byte aligned) from L2 without writing it back: its contents
+// become undefined. For scratch read for the last time (LayerNorm's dgamma/dbeta partial rows),
+// which would otherwise go back to DRAM as dirty lines some time after, taking write bandwidth from
+// whatever runs then. A no-op before sm_80.
+__device__ __forceinline__ void discard_l2_line(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
+#endif
+}
+
 // Programmatic dependent launch (Hopper): a kernel launched with launch_pdl() may be scheduled
 // while the kernel before it in the stream drains, hiding the launch gap (about a microsecond, up
 // to a tenth of a 10 to 20 us LayerNorm). Every such kernel calls wait_for_previous_grid() before

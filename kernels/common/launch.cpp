@@ -91,6 +91,7 @@ const DeviceInfo& device_info(int device) {
       d.max_threads_per_block = props.maxThreadsPerBlock;
       d.cluster_launch = props.clusterLaunch != 0;
       d.pdl = props.major >= 9;
+      d.l2_bytes = props.l2CacheSize;
     }
     infos[device] = d;
     ready[device].store(true, std::memory_order_release);

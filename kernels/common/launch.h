@@ -24,6 +24,7 @@ struct DeviceInfo {
   int max_threads_per_block = 0;
   bool cluster_launch = false;  // thread-block clusters (compute capability 9.0 on)
   bool pdl = false;             // programmatic dependent launch (9.0 on)
+  int64_t l2_bytes = 0;         // the L2 cache's size
 };
 
 // What a kernel needs of a block, as compiled for the device.

@@ -200,6 +200,31 @@ def test_gpu_autograd_op_matches_float64(dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_backward_past_l2_every_variant_matches_float64(dtype):
+    # Passes whose bytes are more than L2 holds: there the dgamma/dbeta partial rows are dropped
+    # from L2 as the reduction reads them (discard.global.L2), which the small shapes above never
+    # reach. A line dropped before it was summed would come back as garbage in dgamma or dbeta.
+    cols = 8192 if dtype == torch.bfloat16 else 4096
+    shape = (2048, cols)
+    x, dy, w, b = make(shape, (cols,), dtype, "cuda", seed=11)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert 3 * x.numel() * x.element_size() > l2, "the shape must be past L2 to test the drops"
+    y_ref, grads_ref = reference(x, (cols,), w, b, dy)
+    _, mean, rstd = torch.ops.hfnn.layer_norm_fwd(x, [cols], w, b, 1e-5)
+    ran = []
+    for bwd in _cuda_variants("bwd"):
+        if not torch.ops.hfnn.layer_norm_supports(x, [cols], w, b, bwd):
+            continue
+        ran.append(bwd)
+        dx, dw, db = torch.ops.hfnn.layer_norm_bwd(dy, x, [cols], mean, rstd, w, b, [True, True, True], bwd)
+        assert rel_err(dx.cpu(), grads_ref[0]) < TOL[dtype], bwd
+        assert rel_err(dw.cpu(), grads_ref[1]) < TOL[dtype] + 1e-5, (bwd, "dgamma")
+        assert rel_err(db.cpu(), grads_ref[2]) < TOL[dtype] + 1e-5, (bwd, "dbeta")
+    assert any(v.startswith("bwd_wide_c") for v in ran), ran
+
+
+@requires_gpu
 def test_gpu_autocast_runs_our_kernels_in_float32():
     lin = torch.nn.Linear(64, 64).cuda()
     norm = torch.nn.LayerNorm(64).cuda()
