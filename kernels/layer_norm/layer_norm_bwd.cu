@@ -48,19 +48,24 @@ std::size_t partials_bytes(int grid, int64_t cols) {
 // sum over the slices: the same order for a given partial-row count and width on every run. Under
 // 32 slices a thread takes its rows 8 loads at a time before their adds where it has 8 or more
 // (the old loop at 32: batching there was 1-2% slower at 16M and up to 9% at 1M, H200).
-template <typename T, int kSlices>
+// kDiscard: the lines read are dropped from L2 after (below); the kernel then writes the partials'
+// memory, so its loads are plain ones, which the memory model orders before the drops.
+template <typename T, int kSlices, bool kDiscard>
 __global__ void __launch_bounds__(32 * kSlices) reduce_partials_kernel(const float* __restrict__ partials, int grid,
-                                                                       int64_t cols, T* dgamma, T* dbeta,
-                                                                       bool discard) {
+                                                                       int64_t cols, T* dgamma, T* dbeta) {
   __shared__ float acc[kSlices][33];
   wait_for_previous_grid();  // the partials come from the kernel just before
   T* out = blockIdx.y == 0 ? dgamma : dbeta;
   if (out == nullptr) return;  // uniform over the block
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const float* __restrict__ src = partials + static_cast<int64_t>(blockIdx.y) * grid * cols;
-  // Through the read-only path (ld.global.nc), as the compiler chose by itself before the drops
-  // below wrote this memory: with plain loads the wide backward took 1-3% longer at 1M elements
-  // (H100), where no line is dropped. Every read of a line comes before its drop.
+  // Without the drops through the read-only path (ld.global.nc): with plain loads the wide
+  // backward took 1-3% longer at 1M elements (H100), where no line is dropped. With them, plain
+  // loads: .nc is for memory the kernel does not write, and the drops count as writes.
+  auto load = [&](int64_t i) {
+    if constexpr (kDiscard) return src[i];
+    else return __ldg(src + i);
+  };
   float s = 0.f;
   if (c < cols) {
     int b = threadIdx.y;
@@ -68,17 +73,17 @@ __global__ void __launch_bounds__(32 * kSlices) reduce_partials_kernel(const flo
       for (; b + 7 * kSlices < grid; b += 8 * kSlices) {
         float v[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = __ldg(src + static_cast<int64_t>(b + k * kSlices) * cols + c);
+        for (int k = 0; k < 8; ++k) v[k] = load(static_cast<int64_t>(b + k * kSlices) * cols + c);
 #pragma unroll
         for (int k = 0; k < 8; ++k) s += v[k];
       }
     }
-    for (; b < grid; b += kSlices) s += __ldg(src + static_cast<int64_t>(b) * cols + c);
+    for (; b < grid; b += kSlices) s += load(static_cast<int64_t>(b) * cols + c);
   }
-  // The partial rows are read here once and never again: with `discard`, where a warp's 32 columns
+  // The partial rows are read here once and never again: with kDiscard, where a warp's 32 columns
   // are whole 128-byte lines (rows of whole lines), the warp drops the lines it read from L2 once
   // they are summed, so they are not written back to DRAM.
-  if (discard && cols % 32 == 0 && reinterpret_cast<std::uintptr_t>(src) % 128 == 0) {
+  if (kDiscard && cols % 32 == 0 && reinterpret_cast<std::uintptr_t>(src) % 128 == 0) {
     __syncwarp();  // every lane's loads consumed (s holds them)
     const float* line = src + static_cast<int64_t>(blockIdx.x) * 32;
     for (int b = threadIdx.y + static_cast<int>(threadIdx.x) * kSlices; b < grid; b += 32 * kSlices)
@@ -115,8 +120,9 @@ cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, in
   const double pass_bytes = 3.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * dtype_size(p.dtype);
   const bool discard = p.device.l2_bytes > 0 && pass_bytes > static_cast<double>(p.device.l2_bytes);
   auto run = [&]<int kSlices>() {
-    return launch_pdl(reduce_partials_kernel<T, kSlices>, blocks, dim3(32, kSlices), 0, stream, partials, grid,
-                      p.cols, static_cast<T*>(p.dgamma), static_cast<T*>(p.dbeta), discard);
+    auto kernel = discard ? reduce_partials_kernel<T, kSlices, true> : reduce_partials_kernel<T, kSlices, false>;
+    return launch_pdl(kernel, blocks, dim3(32, kSlices), 0, stream, partials, grid, p.cols,
+                      static_cast<T*>(p.dgamma), static_cast<T*>(p.dbeta));
   };
   switch (slices) {
     case 1: return run.template operator()<1>();
