@@ -48,8 +48,9 @@ std::size_t partials_bytes(int grid, int64_t cols) {
 // sum over the slices: the same order for a given partial-row count and width on every run. Under
 // 32 slices a thread takes its rows 8 loads at a time before their adds where it has 8 or more
 // (the old loop at 32: batching there was 1-2% slower at 16M and up to 9% at 1M, H200).
-// kDiscard: the lines read are dropped from L2 after (below); the kernel then writes the partials'
-// memory, so its loads are plain ones, which the memory model orders before the drops.
+// kDiscard: the lines read are dropped from L2 after (below; the launch takes it only where the
+// partial rows are whole 128-byte lines); the kernel then writes the partials' memory, so its loads
+// are plain ones, which the memory model orders before the drops.
 template <typename T, int kSlices, bool kDiscard>
 __global__ void __launch_bounds__(32 * kSlices) reduce_partials_kernel(const float* __restrict__ partials, int grid,
                                                                        int64_t cols, T* dgamma, T* dbeta) {
@@ -80,10 +81,10 @@ __global__ void __launch_bounds__(32 * kSlices) reduce_partials_kernel(const flo
     }
     for (; b < grid; b += kSlices) s += load(static_cast<int64_t>(b) * cols + c);
   }
-  // The partial rows are read here once and never again: with kDiscard, where a warp's 32 columns
-  // are whole 128-byte lines (rows of whole lines), the warp drops the lines it read from L2 once
-  // they are summed, so they are not written back to DRAM.
-  if (kDiscard && cols % 32 == 0 && reinterpret_cast<std::uintptr_t>(src) % 128 == 0) {
+  // The partial rows are read here once and never again: with kDiscard a warp's 32 columns are one
+  // whole 128-byte line of a row, and the warp drops the lines it read from L2 once they are
+  // summed, so they are not written back to DRAM.
+  if constexpr (kDiscard) {
     __syncwarp();  // every lane's loads consumed (s holds them)
     const float* line = src + static_cast<int64_t>(blockIdx.x) * 32;
     for (int b = threadIdx.y + static_cast<int>(threadIdx.x) * kSlices; b < grid; b += 32 * kSlices)
@@ -118,7 +119,11 @@ cudaError_t launch_reduce_partials(const BwdParams& p, const float* partials, in
   // the pass is not bound by DRAM, dropping cost 3-5% (bench/README.md, "The dgamma/dbeta partials
   // dropped from L2").
   const double pass_bytes = 3.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * dtype_size(p.dtype);
-  const bool discard = p.device.l2_bytes > 0 && pass_bytes > static_cast<double>(p.device.l2_bytes);
+  // Only where every line of the partials is one row's (rows of whole lines from an aligned base):
+  // elsewhere nothing could be dropped and the kernel keeps its read-only loads.
+  const bool whole_lines = p.cols % 32 == 0 && reinterpret_cast<std::uintptr_t>(partials) % 128 == 0;
+  const bool discard =
+      whole_lines && p.device.l2_bytes > 0 && pass_bytes > static_cast<double>(p.device.l2_bytes);
   auto run = [&]<int kSlices>() {
     auto kernel = discard ? reduce_partials_kernel<T, kSlices, true> : reduce_partials_kernel<T, kSlices, false>;
     return launch_pdl(kernel, blocks, dim3(32, kSlices), 0, stream, partials, grid, p.cols,

@@ -12,7 +12,7 @@
 // log-sum-exp), dP, dS and its part of dQ in registers, P and dS of the step staged in shared
 // memory for dV = P^T dO and dK = dS^T Q, which the block's warps then share in 16 x 32 tiles (32
 // x 32, a warp each, where not causal with whole steps and 128 rows or more). The products are
-// mma.sync m16n8k16 (on Hopper the non-causal scores and dP at head size 64 are wgmma's), fp16 or
+// mma.sync m16n8k16 (on Hopper, at head size 64, the scores and dP are wgmma's, and causal dQ), fp16 or
 // bf16 in, float32 accumulation; softmax and gradients in float32; every sum in a fixed order
 // (deterministic).
 //

@@ -202,7 +202,7 @@ def test_gpu_autograd_op_matches_float64(dtype):
 @requires_gpu
 @pytest.mark.parametrize("dtype,cols", [(torch.float32, 4096), (torch.float32, 4097), (torch.bfloat16, 8192),
                                         (torch.bfloat16, 8193), (torch.bfloat16, 8194), (torch.bfloat16, 63),
-                                        (torch.bfloat16, 256)], ids=str)
+                                        (torch.bfloat16, 256), (torch.float16, 8192), (torch.float16, 8193)], ids=str)
 def test_gpu_backward_past_l2_every_variant_matches_float64(dtype, cols):
     # Passes whose bytes are more than L2 holds: there the dgamma/dbeta partial rows are dropped
     # from L2 as the reduction reads them (discard.global.L2), which the small shapes above never
