@@ -4,7 +4,9 @@ each attention core (torch's SDPA kernels called at the ATen level), forward and
 
 Per config x dtype x candidate x pass:
   wall_ms   per-call time of back-to-back calls, CPU launch cost included (median of rounds; the
-            backward is fwd+bwd minus fwd, both timed so)
+            backward is fwd+bwd minus fwd, both timed so). The candidates' rounds are taken in
+            turn (round 1 of each, then round 2, ...), so a host whose CPU speed drifts slows them
+            alike
   graph_ms  per-call GPU time of the same calls captured in a CUDA graph and replayed (no CPU cost)
   cpu_us    process CPU time per call while launching them (every thread: the autograd engine's
             too)
@@ -19,8 +21,11 @@ forward wrapper and the dispatch op's lookup and counting included. The table is
 commands: `hfnn profile` of a few calls of the config records its key, and `hfnn tune` stores the
 winner, with the tests' stand-in measuring worker (tests/python/scripts/fake_tune_worker.py) told
 which core wins (so the stored winner is this benchmark's pick, not a second measurement). Its
-record says `winner` and `dispatch_calls` (hfnn.dispatch_stats()'s counts in that process: the
-core's calls, and the fall-backs to torch by reason). --no-dispatch leaves it out. Every candidate
+record says `winner`, `dispatch_calls` (hfnn.dispatch_stats()'s counts in that process: the
+core's calls, and the fall-backs to torch by reason) and `torch_total_same_process`: torch's own
+path of the same module (the forward the dispatch wrapped) fwd+bwd ms in that process, its rounds
+taken in turn with dispatch's (where a call is host-bound, processes and moments differ by up to 2x
+on the GPU machines, so that is the ratio to quote). --no-dispatch leaves it out. Every candidate
 is first checked against float64 (outputs and every gradient within 4x the error of torch's module
 in the same dtype).
 
@@ -96,27 +101,45 @@ def training_step(fn, grad, backward):
     return step
 
 
-def wall(fn, grad, backward, min_round_s):
-    """Median per-call ms over rounds of back-to-back calls, and CPU µs per call."""
-    step = training_step(fn, grad, backward)
+def calibrate(step, min_round_s):
+    """Warms `step` up and returns how many back-to-back calls fill a round of min_round_s."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     step()
     torch.cuda.synchronize()
-    calls = max(3, int(min_round_s / max(time.perf_counter() - t0, 1e-5)))
-    rounds, cpu = [], []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        c0, t0 = time.process_time(), time.perf_counter()
-        for _ in range(calls):
-            step()
-        c1 = time.process_time()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - t0) / calls * 1e3)
-        cpu.append((c1 - c0) / calls * 1e6)
-    return statistics.median(rounds), statistics.median(cpu)
+    return max(3, int(min_round_s / max(time.perf_counter() - t0, 1e-5)))
+
+
+def timed_round(step, calls):
+    """Per-call ms of `calls` back-to-back calls (to the GPU's finishing them), and CPU µs per call."""
+    torch.cuda.synchronize()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(calls):
+        step()
+    c1 = time.process_time()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e3, (c1 - c0) / calls * 1e6
+
+
+def interleaved_walls(fns, grad, min_round_s, rounds):
+    """Median per-call ms over rounds of back-to-back calls, and CPU µs per call, of every
+    candidate and pass, their rounds taken in turn (round r of every candidate, then round r + 1):
+    the GPU machines' CPUs drift by up to 2x within a minute (seen on 2026-11-27: the same
+    candidate 733 then 549 us a call), and a host-bound call's time is its CPU's, so candidates
+    timed one after another compare their moments, not themselves. Returns
+    {(name, backward): (median ms, median CPU us)}."""
+    plans = {}
+    for name, fn in fns.items():
+        for backward in (False, True):
+            step = training_step(fn, grad, backward)
+            plans[(name, backward)] = (step, calibrate(step, min_round_s))
+    samples = {key: [] for key in plans}
+    for _ in range(rounds):
+        for key, (step, calls) in plans.items():
+            samples[key].append(timed_round(step, calls))
+    return {key: (statistics.median(s[0] for s in v), statistics.median(s[1] for s in v)) for key, v in samples.items()}
 
 
 def graphed(fn, grad, backward, params, x):
@@ -190,7 +213,7 @@ def dispatch_table(db: Path, config, dtype_name: str, core: str) -> None:
              FAKE_TUNE_SMS=str(props.multi_processor_count)))
 
 
-def dispatch_candidate(config, dtype_name: str, core: str, round_s: float) -> dict:
+def dispatch_candidate(config, dtype_name: str, core: str, round_s: float, rounds: int) -> dict:
     """The `dispatch` candidate: a table won by `core`, then a process of its own timing a plain
     nn.MultiheadAttention under HFNN_DISPATCH_DB (this script's --dispatch-worker)."""
     work = Path(tempfile.mkdtemp(prefix="hfnn-mha-dispatch-"))
@@ -200,7 +223,8 @@ def dispatch_candidate(config, dtype_name: str, core: str, round_s: float) -> di
         env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
         env["HFNN_DISPATCH_DB"] = str(db)
         out = subprocess.run([sys.executable, __file__, "--dispatch-worker", *map(str, config), dtype_name,
-                              "--round-s", str(round_s)], capture_output=True, text=True, env=env)
+                              "--round-s", str(round_s), "--rounds", str(rounds)], capture_output=True, text=True,
+                             env=env)
         if out.returncode != 0:
             raise RuntimeError(f"the dispatch worker failed ({out.returncode}): {out.stderr[-1500:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -208,9 +232,10 @@ def dispatch_candidate(config, dtype_name: str, core: str, round_s: float) -> di
         shutil.rmtree(work, ignore_errors=True)
 
 
-def dispatch_worker(config, dtype_name: str, round_s: float) -> int:
+def dispatch_worker(config, dtype_name: str, round_s: float, rounds: int) -> int:
     """In a process started with HFNN_DISPATCH_DB: times a plain nn.MultiheadAttention as main()
-    times the `torch` candidate, and prints one JSON line with what dispatch ran."""
+    times the `torch` candidate, in turn with torch's own path of the same module in this process,
+    and prints one JSON line with both and what dispatch ran."""
     from hfnn import _dispatch
 
     b, length, embed, heads = config
@@ -226,8 +251,13 @@ def dispatch_worker(config, dtype_name: str, round_s: float) -> int:
     err = errors(make, m, x, grad)
     torch.ops.hfnn.dispatch_reset_counts()  # (the float64 reference's call counted as a fall-back)
     fn = make(m, x)
-    fwd_ms, fwd_cpu = wall(fn, grad, False, round_s)
-    tot_ms, tot_cpu = wall(fn, grad, True, round_s)
+    # torch's own module path in this process too (the forward HFNN_DISPATCH_DB wrapped), its rounds
+    # taken in turn with dispatch's: a host-bound call's ratio from the same process and moments.
+    unwrapped = nn.MultiheadAttention.forward.__wrapped__
+    walls = interleaved_walls({"torch": lambda: unwrapped(m, x, x, x, need_weights=False), "dispatch": fn}, grad,
+                              round_s, rounds)
+    (fwd_ms, fwd_cpu), (tot_ms, tot_cpu) = walls[("dispatch", False)], walls[("dispatch", True)]
+    torch_total = walls[("torch", True)][0]
     try:
         g_fwd = graphed(fn, grad, False, list(m.parameters()), x)
         g_tot = graphed(fn, grad, True, list(m.parameters()), x)
@@ -237,7 +267,8 @@ def dispatch_worker(config, dtype_name: str, round_s: float) -> int:
     op = _dispatch.dispatch_stats()["ops"]["multihead_attention"]
     print(json.dumps({"fwd": [fwd_ms, g_fwd, fwd_cpu],
                       "bwd": [tot_ms - fwd_ms, None if g_tot is None else g_tot - g_fwd, tot_cpu - fwd_cpu],
-                      "total": tot_ms, "error": err, "calls": op["calls"]["train"], "fallbacks": op["fallbacks"]["train"]}))
+                      "total": tot_ms, "torch_total": torch_total, "error": err, "calls": op["calls"]["train"],
+                      "fallbacks": op["fallbacks"]["train"]}))
     return 0
 
 
@@ -250,6 +281,8 @@ def main() -> int:
     ap.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"], default=["bfloat16"],
                     help="the dtypes of the --config configs (default: bfloat16)")
     ap.add_argument("--round-s", type=float, default=0.05, help="seconds per timing round")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="timing rounds per candidate and pass, taken in turn across the candidates (default 7)")
     ap.add_argument("--no-dispatch", action="store_true", help="leave out the `dispatch` candidate")
     ap.add_argument("--need-weights", choices=["false", "true", "both"], default="both",
                     help="need_weights=False calls (every config and dtype), need_weights=True calls (the 16-bit "
@@ -269,7 +302,7 @@ def main() -> int:
         sys.exit("bench/mha.py: needs a CUDA GPU")
     if args.dispatch_worker:
         *config, dtype_name = args.dispatch_worker
-        return dispatch_worker([int(v) for v in config], dtype_name, args.round_s)
+        return dispatch_worker([int(v) for v in config], dtype_name, args.round_s, args.rounds)
     dispatch = not args.no_dispatch and shutil.which("hfnn") is not None
     if not args.no_dispatch and not dispatch:
         print("bench/mha.py: the hfnn command is not on PATH, so no `dispatch` candidate (run scripts/setup.sh)",
@@ -293,13 +326,14 @@ def main() -> int:
             if torch.ops.hfnn.multi_head_attention_supports(x, x, x, heads, True, False, 0.0, core, need_weights=nw):
                 cands[name] = (lambda c: (lambda mm, xx: op_call(mm, xx, c, nw)))(core)
         err_torch = errors(cands["torch"], m, x, grad)
+        fns = {name: make(m, x) for name, make in cands.items()}
+        walls = interleaved_walls(fns, grad, args.round_s, args.rounds)
         rows = {}
         for name, make in cands.items():
             err = errors(make, m, x, grad)
             ok = err <= max(4 * err_torch, 1e-6)
-            fn = make(m, x)
-            fwd_ms, fwd_cpu = wall(fn, grad, False, args.round_s)
-            tot_ms, tot_cpu = wall(fn, grad, True, args.round_s)
+            fn = fns[name]
+            (fwd_ms, fwd_cpu), (tot_ms, tot_cpu) = walls[(name, False)], walls[(name, True)]
             g_fwd = graphed(fn, grad, False, params, x)
             g_tot = graphed(fn, grad, True, params, x)
             rows[name] = dict(fwd=(fwd_ms, g_fwd, fwd_cpu), bwd=(tot_ms - fwd_ms, g_tot - g_fwd, tot_cpu - fwd_cpu),
@@ -308,7 +342,8 @@ def main() -> int:
                   f"err {err:.1e}{'' if ok else ' REJECTED'}"
                   f"  wall fwd {fwd_ms:7.3f} bwd {tot_ms - fwd_ms:7.3f} ms  graph fwd {g_fwd:7.3f} "
                   f"bwd {g_tot - g_fwd:7.3f} ms  cpu fwd {fwd_cpu:6.0f} bwd {tot_cpu - fwd_cpu:6.0f} us", flush=True)
-            torch.cuda.empty_cache()
+        del fns
+        torch.cuda.empty_cache()
         variants = {k: v for k, v in rows.items() if k != "torch" and v["ok"]}
         if variants:
             best = min(variants, key=lambda k: variants[k]["total"])
@@ -318,13 +353,14 @@ def main() -> int:
             if dispatch and named and not nw:
                 core = best if best in named else min(named, key=lambda k: named[k]["total"])
                 try:
-                    d = dispatch_candidate([b, length, embed, heads], dtype_name, core, args.round_s)
+                    d = dispatch_candidate([b, length, embed, heads], dtype_name, core, args.round_s, args.rounds)
                 except (RuntimeError, ValueError) as e:
                     print(f"  dispatch: not measured: {e}", flush=True)
                 else:
                     rows["dispatch"] = dict(fwd=tuple(d["fwd"]), bwd=tuple(d["bwd"]), total=d["total"],
                                             error=d["error"], ok=d["error"] <= max(4 * err_torch, 1e-6),
-                                            winner=core, dispatch_calls=dict(d["calls"], **{
+                                            winner=core, torch_total_same_process=round(d["torch_total"], 4),
+                                            dispatch_calls=dict(d["calls"], **{
                                                 f"torch because {k}": n for k, n in d["fallbacks"].items()}))
                     gf, gb = d["fwd"][1], d["bwd"][1]
                     graph = "" if gf is None else f"  graph fwd {gf:7.3f} bwd {gb:7.3f} ms"
@@ -333,6 +369,7 @@ def main() -> int:
                           f"bwd {d['bwd'][2]:6.0f} us  ({core}; calls {d['calls']}, fall-backs {d['fallbacks']})",
                           flush=True)
                     print(f"  -> dispatch: fwd+bwd {rows['torch']['total'] / d['total']:.2f}x torch, "
+                          f"{d['torch_total'] / d['total']:.2f}x torch's path timed in turn in its own process, "
                           f"{d['total'] / rows[best]['total']:.2f}x the op's own call", flush=True)
         for name, r in rows.items():
             for p in ("fwd", "bwd"):
@@ -341,7 +378,7 @@ def main() -> int:
                            dtype=dtype_name, need_weights=nw, **{"pass": p}, candidate=name,
                            wall_ms=round(w, 4), graph_ms=None if g is None else round(g, 4), cpu_us=round(c, 1),
                            max_rel_error=r["error"], correct=r["ok"])
-                for extra in ("winner", "dispatch_calls"):
+                for extra in ("winner", "torch_total_same_process", "dispatch_calls"):
                     if extra in r:
                         rec[extra] = r[extra]
                 records.append(rec)
