@@ -1,6 +1,6 @@
 """What the tune worker and the family modules share to measure a candidate: CUDA-graph timing
-over rotating inputs, wall time per call as a training loop sees it, the error against a float64
-reference, and a one-line error message."""
+over rotating inputs, wall time per call as a training loop sees it (the candidates' samples taken
+in turn), the error against a float64 reference, and a one-line error message."""
 from __future__ import annotations
 
 import math
@@ -70,9 +70,8 @@ def graph_samples(calls, budget_s: float = 0.0, min_samples: int = 7, max_sample
     return samples
 
 
-def wall_samples(torch, call, budget_s: float, min_samples: int = 7, max_samples: int = 31) -> list:
-    """Per-call µs of call(i) run back to back, as a training loop runs them: the CPU launches what the
-    GPU then runs, synchronized once per sample. Each sample is `inner` calls of about 2 ms together."""
+def _calibrate(torch, call) -> int:
+    """Warms call(i) up and returns how many calls make a sample of about 2 ms (3 to 100)."""
     for i in range(3):
         call(i)
     torch.cuda.synchronize()
@@ -80,12 +79,62 @@ def wall_samples(torch, call, budget_s: float, min_samples: int = 7, max_samples
     call(0)
     torch.cuda.synchronize()
     one = max(time.perf_counter() - t0, 1e-6)
-    inner = max(3, min(100, math.ceil(2e-3 / one)))
-    samples, started = [], time.perf_counter()
-    while len(samples) < max_samples and (len(samples) < min_samples or time.perf_counter() - started < budget_s):
-        t0 = time.perf_counter()
-        for i in range(inner):
-            call(i)
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6 / inner)
-    return samples
+    return max(3, min(100, math.ceil(2e-3 / one)))
+
+
+def _sample(torch, call, inner: int) -> float:
+    """Per-call µs of `inner` calls back to back, synchronized once at the end."""
+    t0 = time.perf_counter()
+    for i in range(inner):
+        call(i)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / inner
+
+
+def wall_samples_in_turn(torch, calls: dict, budget_s: float, min_samples: int = 7,
+                         max_samples: int = 31) -> tuple:
+    """Per-call µs of each candidate's call(i) run back to back, as a training loop runs them: the CPU
+    launches what the GPU then runs, synchronized once per sample (`inner` calls of about 2 ms
+    together). The samples are taken in turn, one of each candidate a round: where a call is
+    host-bound its time is its CPU's, and the GPU machines' CPUs drift by up to 2x within a minute
+    (bench/README.md, "The issue's configs on an H100, candidates timed in turn"), so candidates timed
+    one after another would compare their moments. At least min_samples rounds, more while budget_s
+    (all candidates together) lasts, at most max_samples. Returns ({name: samples}, {name: the
+    exception it raised}): a candidate that raises leaves the rounds, the others go on."""
+    samples, failed, inner = {}, {}, {}
+
+    def fail(name, e):
+        failed[name] = e
+        samples.pop(name, None)
+        try:
+            torch.cuda.synchronize()  # its work done before the next candidate's sample
+        except Exception:  # a sticky CUDA error: the caller reports it
+            pass
+
+    for name, call in calls.items():
+        try:
+            inner[name] = _calibrate(torch, call)
+            samples[name] = []
+        except Exception as e:
+            fail(name, e)
+    started, rounds = time.perf_counter(), 0
+    while samples and rounds < max_samples and (rounds < min_samples or time.perf_counter() - started < budget_s):
+        for name in list(samples):
+            try:
+                samples[name].append(_sample(torch, calls[name], inner[name]))
+            except Exception as e:
+                fail(name, e)
+        rounds += 1
+    return samples, failed
+
+
+def train_records(torch, names, errors: dict, calls: dict, failed: dict, budget_s: float) -> list:
+    """A family's "train" candidates as the tune worker answers them, in `names`' order: those in
+    `calls` (call(i): one training call on input set i) timed in turn within budget_s (at least 20
+    ms a candidate), each with its float64 error from `errors`; those in `failed`, or failing while
+    timed, as failed_candidate records."""
+    samples, timing_failed = wall_samples_in_turn(torch, calls, max(0.02 * len(calls), budget_s))
+    failed = {**failed, **timing_failed}
+    return [failed_candidate(torch, "train", name, failed[name]) if name in failed else
+            {"pass": "train", "name": name, "samples_us": [round(s, 3) for s in samples[name]],
+             "max_error": errors[name] if math.isfinite(errors[name]) else None} for name in names]

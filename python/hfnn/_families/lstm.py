@@ -9,8 +9,9 @@ takes the key (lstm_variants(), asked through lstm_supports()), each timed as fo
 call. The one pass is "train": a persistent forward saves the state its own backward reads, so
 forward and backward win together.
 - samples_us, what the tuner judges: per-call wall time of back-to-back training calls (CPU launch
-  cost included, as a training loop sees it; hfnn/_measure.py's wall_samples), over input sets
-  rotated past L2, with no initial state (zeros, as a training loop mostly passes).
+  cost included, as a training loop sees it), over input sets rotated past L2, with no initial
+  state (zeros, as a training loop mostly passes); every candidate checked first, then their
+  samples taken in turn (hfnn/_measure.py's wall_samples_in_turn: a host's CPU speed drifts).
 The error is max|out - ref| / max|ref| (hfnn/_measure.py's rel_error, attention's definition) over
 the output, h_n, c_n and every gradient (input, h0, c0, every weight and bias), on fresh inputs with
 h0 and c0 given and random gradients for output, h_n and c_n (every path of the backward used),
@@ -32,7 +33,7 @@ import math
 import re
 import time
 
-from .._measure import failed_candidate, rel_error, tunable_dtype, wall_samples
+from .._measure import rel_error, train_records, tunable_dtype
 from ._route import replace_forward, table_has_keys
 
 OP = "lstm"
@@ -137,33 +138,31 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
             + [q.grad for q in ref.parameters()]]
     del ref
 
-    out = []
-    names = list(fns)
-    for i, name in enumerate(names):
+    # Every candidate checked first (dropout 0), then all timed (dropout p), their samples in turn
+    # (wall_samples_in_turn).
+    names, errors, calls, failed = list(fns), {}, {}, {}
+    module.dropout = 0.0
+    for name in names:
         fn = fns[name]
-        left = seconds - (time.perf_counter() - started)
-        budget = max(0.02, 0.35 * left / (len(names) - i))
         try:
-            module.dropout = 0.0
             for prm in module.parameters():
                 prm.grad = None
             x, h0, c0 = _leaves((xc, h0c, c0c))
             y, (h_n, c_n) = fn(x, (h0, c0))
             torch.autograd.backward([y, h_n, c_n], [dyc, dhc, dcc])
             got = [y.detach(), h_n.detach(), c_n.detach(), x.grad, h0.grad, c0.grad] + [q.grad for q in module.parameters()]
-            err = max(rel_error(g, r) for g, r in zip(got, refs))
-            module.dropout = p
+            errors[name] = max(rel_error(g, r) for g, r in zip(got, refs))
 
             def train_call(j, fn=fn):
                 xs, dy = sets[j % nsets]
                 fn(xs, None)[0].backward(dy)
 
-            samples = wall_samples(torch, train_call, budget)
-            out.append({"pass": "train", "name": name, "samples_us": [round(s, 3) for s in samples],
-                        "max_error": err if math.isfinite(err) else None})
+            calls[name] = train_call
         except Exception as e:
-            out.append(failed_candidate(torch, "train", name, e))
+            failed[name] = e
     module.dropout = p
+    left = seconds - (time.perf_counter() - started)
+    out = train_records(torch, names, errors, calls, failed, 0.35 * left)
     return {"key": req["key"], "dtype": req["dtype"], "op": OP, "candidates": out,
             "seconds": round(time.perf_counter() - started, 3)}
 

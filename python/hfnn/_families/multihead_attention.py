@@ -10,7 +10,9 @@ training loop calls it) and hfnn's op with every core that takes the key, each t
 backward per call. The one pass is "train": a core's backward needs its own forward's state, so
 forward and backward win together.
 - samples_us, what the tuner judges: per-call wall time of back-to-back training calls, CPU launch
-  cost included, as a training loop sees it (for launch-bound shapes torch's Python decides);
+  cost included, as a training loop sees it (for launch-bound shapes torch's Python decides); every
+  candidate checked first, then their samples taken in turn (hfnn/_measure.py's
+  wall_samples_in_turn: a host's CPU speed drifts);
   (No GPU time under graph replay yet: capturing forward + backward of torch's module failed on
   the H200, and a failed capture leaves the CUDA generator unusable for the rest of the process.)
 The error is max|out - ref| / max|ref| over the output, the weights (weights keys) and every
@@ -33,7 +35,7 @@ import math
 import re
 import time
 
-from .._measure import failed_candidate, rel_error, tunable_dtype, wall_samples
+from .._measure import rel_error, train_records, tunable_dtype
 from ._route import replace_forward, table_has_keys
 
 OP = "multihead_attention"
@@ -239,12 +241,10 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
     refs = ([y_ref.detach()] + ([w_ref.detach()] if dwc is not None else []) +
             [t.grad for t in _distinct(q64, k64, v64)] + [t.grad for t in _params(ref_module)])
 
-    out = []
-    names = list(fns)
-    for i, name in enumerate(names):
+    # Every candidate checked first, then all timed, their samples in turn (wall_samples_in_turn).
+    names, errors, calls, failed = list(fns), {}, {}, {}
+    for name in names:
         fn = fns[name]
-        left = seconds - (time.perf_counter() - started)
-        budget = max(0.02, 0.35 * left / (len(names) - i))
         try:
             for prm in _params(module):
                 prm.grad = None
@@ -253,19 +253,17 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
             torch.autograd.backward([y] + ([w] if dwc is not None else []), [dyc] + ([dwc] if dwc is not None else []))
             got = ([y.detach()] + ([w.detach()] if dwc is not None else []) +
                    [t.grad for t in _distinct(q, kk, v)] + [t.grad for t in _params(module)])
-            err = max(rel_error(g, r) for g, r in zip(got, refs))
+            errors[name] = max(rel_error(g, r) for g, r in zip(got, refs))
 
             def train_call(j, fn=fn):
                 qs, ks, vs, dy = sets[j % nsets]
                 fn(qs, ks, vs, p)[0].backward(dy)
 
-            samples = wall_samples(torch, train_call, budget)
-            cand = {"pass": "train", "name": name, "samples_us": [round(s, 3) for s in samples],
-                    "max_error": err if math.isfinite(err) else None}
-            out.append(cand)
+            calls[name] = train_call
         except Exception as e:
-            out.append(failed_candidate(torch, "train", name, e))
-    module.dropout = p
+            failed[name] = e
+    left = seconds - (time.perf_counter() - started)
+    out = train_records(torch, names, errors, calls, failed, 0.35 * left)
     return {"key": req["key"], "dtype": req["dtype"], "op": OP, "candidates": out,
             "seconds": round(time.perf_counter() - started, 3)}
 
