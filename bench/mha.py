@@ -126,7 +126,7 @@ def timed_round(step, calls):
 def interleaved_walls(fns, grad, min_round_s, rounds):
     """Median per-call ms over rounds of back-to-back calls, and CPU µs per call, of every
     candidate and pass, their rounds taken in turn (round r of every candidate, then round r + 1):
-    the GPU machines' CPUs drift by up to 2x within a minute (seen on 2026-11-27: the same
+    the GPU machines' CPUs drift by up to 2x within minutes (seen on 2026-11-27: the same
     candidate 733 then 549 us a call), and a host-bound call's time is its CPU's, so candidates
     timed one after another compare their moments, not themselves. Returns
     {(name, backward): (median ms, median CPU us)}."""
@@ -290,6 +290,8 @@ def main() -> int:
                          "cores that return them), or both (default)")
     ap.add_argument("--dispatch-worker", nargs=5, metavar=("B", "L", "E", "HEADS", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rounds < 1 or args.round_s <= 0:
+        sys.exit(f"bench/mha.py: --rounds {args.rounds} --round-s {args.round_s}: both must be positive")
     if args.config:
         bad = [c for c in args.config if min(c) < 1 or c[2] % c[3] != 0]
         if bad:
@@ -370,7 +372,8 @@ def main() -> int:
                           flush=True)
                     print(f"  -> dispatch: fwd+bwd {rows['torch']['total'] / d['total']:.2f}x torch, "
                           f"{d['torch_total'] / d['total']:.2f}x torch's path timed in turn in its own process, "
-                          f"{d['total'] / rows[best]['total']:.2f}x the op's own call", flush=True)
+                          f"{d['total'] / rows[best]['total']:.2f}x the op's own call (timed in this process: moments apart)",
+                          flush=True)
         for name, r in rows.items():
             for p in ("fwd", "bwd"):
                 w, g, c = r[p]

@@ -18,6 +18,7 @@ Frobenius relative error. Times: CUDA events, median of 5 after 2 warm-ups.
 Re-run: python3 bench/experiments/fp32_3xtf32_probe.py --out probe.json
 """
 import argparse
+import datetime
 import json
 import statistics
 
@@ -134,7 +135,8 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()
     torch.manual_seed(0)
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "records": []}
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": datetime.date.today().isoformat(), "records": []}
     for name in args.shapes.split(","):
         rec = run_shape(name)
         print(json.dumps(rec), flush=True)

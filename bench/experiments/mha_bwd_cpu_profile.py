@@ -32,12 +32,39 @@ def per_call(step, calls=200, rounds=5):
     return statistics.median(s[0] for s in samples) * 1e3, statistics.median(s[1] for s in samples)
 
 
+def record(run, candidate, **measured):
+    """One record: per measurement its median wall and CPU us a call."""
+    r = {"run": run, "candidate": candidate}
+    for key, (wall_us, cpu_us) in measured.items():
+        r[f"{key}_wall_us"], r[f"{key}_cpu_us"] = round(wall_us, 1), round(cpu_us, 1)
+    return r
+
+
+def save(path, records, args):
+    """Appends the records to the JSON file at `path` (made with the GPU, versions and config)."""
+    import datetime
+    import json
+    import os
+
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+           "config": args.config, "dtype": args.dtype, "records": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+    doc["records"] += records
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", type=int, nargs=4, default=[32, 128, 768, 12])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--cores", nargs="*", default=["sdpa_flash", "hfnn_short", "hfnn_mid"])
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--out", help="append this run's records to this JSON file (results/mha_bwd_cpu-<gpu>.json's "
+                                   "form: a run label, then per candidate its wall and CPU us a call)")
+    ap.add_argument("--run", default="run", help="the records' run label (default: run)")
     ap.add_argument("--loop", type=float, default=0,
                     help="only run fwd+bwd of --cores[0] for this many seconds (for a sampling profiler: "
                          "py-spy record --native --format raw -- python3 this --loop 10)")
@@ -69,6 +96,7 @@ def main():
                                                                             need_weights=False)[0])}
     for c in args.cores:
         cands[c] = (op(c, x), op(c, x_nograd))
+    records = []
     for name, (fn, fn_nograd) in cands.items():
         fwd = per_call(fn)
         tot = per_call(lambda: fn().backward(grad))
@@ -81,6 +109,7 @@ def main():
 
         none = per_call(fresh)
         nox = per_call(lambda: fn_nograd().backward(grad))
+        records.append(record(args.run, name, fwd=fwd, fwd_bwd=tot, fwd_bwd_grads_none=none, fwd_bwd_x_no_grad=nox))
         print(f"{name:12s} wall/cpu us: fwd {fwd[0]:6.1f}/{fwd[1]:6.1f}  fwd+bwd {tot[0]:6.1f}/{tot[1]:6.1f}  "
               f"grads None {none[0]:6.1f}/{none[1]:6.1f}  x no grad {nox[0]:6.1f}/{nox[1]:6.1f}", flush=True)
     # The autograd engine's own cost on this host: a backward of one elementwise node (one kernel),
@@ -89,6 +118,10 @@ def main():
     one = per_call(lambda: (leaves[0] * 2).backward(leaves[0].detach()))
     five = per_call(lambda: sum(leaves).backward(leaves[0].detach()))
     launch = per_call(lambda: leaves[0].detach().mul(2))
+    records.append(record(args.run, "floor", backward_one_node=one, backward_sum_of_5_leaves=five,
+                          one_eager_kernel=launch))
+    if args.out:
+        save(args.out, records, args)
     print(f"floor        wall/cpu us: one node {one[0]:6.1f}/{one[1]:6.1f}  sum of 5 leaves {five[0]:6.1f}/"
           f"{five[1]:6.1f}  one eager kernel (mul) {launch[0]:6.1f}/{launch[1]:6.1f}", flush=True)
     for name, (fn, _) in cands.items():

@@ -19,9 +19,10 @@ def tunable_dtype(torch, name: str):
     return dtype
 
 
-def failed_candidate(torch, pass_: str, name: str, e: BaseException) -> dict:
-    """A candidate that raised, as the answer records it: one candidate failing is a result, not the
-    end of the run. Waits for the GPU first, so the next candidate does not inherit its work."""
+def failed_candidate(torch, pass_: str, name: str, e) -> dict:
+    """A candidate that raised `e` (the exception, or its first line), as the answer records it: one
+    candidate failing is a result, not the end of the run. Waits for the GPU first, so what the
+    candidate queued is not counted to the next one."""
     try:
         torch.cuda.synchronize()
     except Exception:  # a sticky CUDA error: the next key reports it
@@ -100,11 +101,13 @@ def wall_samples_in_turn(torch, calls: dict, budget_s: float, min_samples: int =
     (bench/README.md, "The issue's configs on an H100, candidates timed in turn"), so candidates timed
     one after another would compare their moments. At least min_samples rounds, more while budget_s
     (all candidates together) lasts, at most max_samples. Returns ({name: samples}, {name: the
-    exception it raised}): a candidate that raises leaves the rounds, the others go on."""
+    first line of what it raised}): a candidate that raises leaves the rounds, the others go on. Only
+    the line is kept: the exception's traceback would hold the frames that raised it, and their
+    tensors, past the call (a reference cycle through the caller's frame)."""
     samples, failed, inner = {}, {}, {}
 
     def fail(name, e):
-        failed[name] = e
+        failed[name] = first_line(e)
         samples.pop(name, None)
         try:
             torch.cuda.synchronize()  # its work done before the next candidate's sample
@@ -131,8 +134,9 @@ def wall_samples_in_turn(torch, calls: dict, budget_s: float, min_samples: int =
 def train_records(torch, names, errors: dict, calls: dict, failed: dict, budget_s: float) -> list:
     """A family's "train" candidates as the tune worker answers them, in `names`' order: those in
     `calls` (call(i): one training call on input set i) timed in turn within budget_s (at least 20
-    ms a candidate), each with its float64 error from `errors`; those in `failed`, or failing while
-    timed, as failed_candidate records."""
+    ms a candidate), each with its float64 error from `errors` (None where not finite); those in
+    `failed` (name: the first line of what it raised in its check), or failing while timed, as
+    failed_candidate records."""
     samples, timing_failed = wall_samples_in_turn(torch, calls, max(0.02 * len(calls), budget_s))
     failed = {**failed, **timing_failed}
     return [failed_candidate(torch, "train", name, failed[name]) if name in failed else

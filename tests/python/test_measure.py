@@ -1,10 +1,14 @@
 """hfnn/_measure.py's wall timing, on the CPU with a stand-in for torch.cuda: the tune worker's
 candidates are sampled in turn, one sample of each a round, so a host whose CPU speed drifts slows
-them alike; a candidate that raises leaves the rounds and the others go on."""
+them alike; a candidate that raises leaves the rounds, the others go on, and nothing of its frames
+outlives the call; train_records answers in the worker's protocol."""
+import gc
 import itertools
+import math
 import types
+import weakref
 
-from hfnn._measure import wall_samples_in_turn
+from hfnn._measure import train_records, wall_samples_in_turn
 
 STANDIN = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
 
@@ -60,3 +64,43 @@ def test_a_candidate_that_raises_leaves_and_the_others_go_on():
     assert set(log[last_late + 1:]) == {"a", "c"}
     # calibration: a, broken (its first call), late, c; then the rounds
     assert [name for name, _ in runs(log)] == ["a", "broken", "late", "c", "a", "late", "c"] + ["a", "c"] * 3
+
+
+class Held:
+    """Stands in for a tensor a failing call's frame holds."""
+
+
+def test_a_candidate_that_raises_keeps_nothing_of_its_frames_alive():
+    refs = []
+
+    def broken(i):
+        held = Held()
+        refs.append(weakref.ref(held))
+        raise RuntimeError("out of memory")
+
+    gc.disable()  # what a reference cycle would keep, only the collector frees
+    try:
+        samples, failed = wall_samples_in_turn(STANDIN, {"ok": lambda i: None, "broken": broken}, budget_s=0.0,
+                                               min_samples=2, max_samples=2)
+        assert failed == {"broken": "out of memory"} and len(samples["ok"]) == 2
+        assert refs and all(r() is None for r in refs)
+    finally:
+        gc.enable()
+
+
+def test_train_records_answer_every_candidate_in_order():
+    def broken(i):
+        raise ValueError("a launch failed\nsecond line")
+
+    names = ["torch", "nan", "broken_in_check", "broken_while_timed", "fast"]
+    errors = {"torch": 1e-3, "nan": math.inf, "broken_while_timed": 0.0, "fast": 2e-3}
+    calls = {"torch": lambda i: None, "nan": lambda i: None, "broken_while_timed": broken, "fast": lambda i: None}
+    out = train_records(STANDIN, names, errors, calls, {"broken_in_check": "bad output"}, budget_s=0.0)
+    assert [r["name"] for r in out] == names
+    assert all(r["pass"] == "train" for r in out)
+    by = {r["name"]: r for r in out}
+    assert by["broken_in_check"] == {"pass": "train", "name": "broken_in_check", "ran": False, "error": "bad output"}
+    assert by["broken_while_timed"]["ran"] is False and by["broken_while_timed"]["error"] == "a launch failed"
+    assert by["torch"]["max_error"] == 1e-3 and by["nan"]["max_error"] is None
+    for name in ("torch", "nan", "fast"):
+        assert "ran" not in by[name] and 7 <= len(by[name]["samples_us"]) <= 31, by[name]

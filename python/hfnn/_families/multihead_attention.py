@@ -35,7 +35,7 @@ import math
 import re
 import time
 
-from .._measure import rel_error, train_records, tunable_dtype
+from .._measure import first_line, rel_error, train_records, tunable_dtype
 from ._route import replace_forward, table_has_keys
 
 OP = "multihead_attention"
@@ -261,7 +261,7 @@ def measure(torch, hfnn, req: dict, l2_bytes: int, plant: bool, device: str = "c
 
             calls[name] = train_call
         except Exception as e:
-            failed[name] = e
+            failed[name] = first_line(e)  # not e: its traceback would keep this frame's tensors
     left = seconds - (time.perf_counter() - started)
     out = train_records(torch, names, errors, calls, failed, 0.35 * left)
     return {"key": req["key"], "dtype": req["dtype"], "op": OP, "candidates": out,
