@@ -104,3 +104,44 @@ def test_train_records_answer_every_candidate_in_order():
     assert by["torch"]["max_error"] == 1e-3 and by["nan"]["max_error"] is None
     for name in ("torch", "nan", "fast"):
         assert "ran" not in by[name] and 7 <= len(by[name]["samples_us"]) <= 31, by[name]
+
+
+def test_bench_mha_takes_its_candidates_rounds_in_turn(monkeypatch):
+    # bench/mha.py's interleaved_walls, as the GPU machine runs it, with torch.cuda.synchronize a no-op
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_mha", Path(__file__).resolve().parents[2] / "bench" / "mha.py")
+    mha = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mha)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    log = []
+
+    class Out:
+        def __init__(self, name):
+            self.name = name
+
+        def backward(self, grad):
+            log.append(self.name + ".bwd")
+
+    def candidate(name):
+        def fn():
+            log.append(name)
+            return Out(name), None
+        return fn
+
+    walls = mha.interleaved_walls({"torch": candidate("torch"), "hfnn": candidate("hfnn")}, None, 1e-4, 3)
+    assert set(walls) == {(n, b) for n in ("torch", "hfnn") for b in (False, True)}
+    assert all(ms > 0 and cpu >= 0 for ms, cpu in walls.values())
+    # calibration: each (candidate, pass) 4 steps; then 3 rounds of the four in the same order
+    plan = ["torch", "torch+bwd", "hfnn", "hfnn+bwd"]
+    steps = []
+    for entry in log:  # a step is its forward, and its backward when timed with one
+        if entry.endswith(".bwd"):
+            steps[-1] += "+bwd"
+        else:
+            steps.append(entry)
+    order = [name for name, _ in itertools.groupby(steps)]
+    assert order == plan * 4, order
