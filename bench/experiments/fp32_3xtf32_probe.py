@@ -75,13 +75,11 @@ def run_shape(name):
     a_s, b_s = a - a_b, b - b_b
     a_st, b_st = a - tf32_trunc(a), b - tf32_trunc(b)
 
-    def sgemm():
-        torch.backends.cuda.matmul.allow_tf32 = False
-        return torch.mm(a, b)
-
-    def tf32():
-        torch.backends.cuda.matmul.allow_tf32 = True
-        return torch.mm(a, b)
+    def mm(allow_tf32):
+        def run():
+            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+            return torch.mm(a, b)
+        return run
 
     def three():
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -115,7 +113,7 @@ def run_shape(name):
         return a - x
 
     rec = {"shape": name, "mkn": [m, k, n], "reads": reads}
-    for label, fn in [("sgemm", sgemm), ("tf32", tf32), ("3xtf32", three), ("3xtf32_t", three_t)] + (
+    for label, fn in [("sgemm", mm(False)), ("tf32", mm(True)), ("3xtf32", three), ("3xtf32_t", three_t)] + (
             [("3xtf32_k1024", three_chunked), ("3xtf32_k4096", lambda: three_chunked(4096))] if k > 4096 else []):
         d = fn().double()
         err = (d - ref).abs()

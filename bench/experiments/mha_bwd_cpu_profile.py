@@ -4,21 +4,24 @@ host; issue 11 asks 2.5x torch's module there).
 
 Per candidate (torch's module; hfnn's op with each core given): per-call wall and CPU time of
 fwd, fwd+bwd, fwd+bwd with the parameters' .grad set to None before each step (AccumulateGrad
-steals instead of adding), and fwd+bwd with x not requiring grad; then torch.profiler's CPU
-ops of a few fwd+bwd steps, by self CPU time.
+steals instead of adding), and fwd+bwd with x not requiring grad; then the autograd engine's own
+cost on the same host (a backward of one node, of a sum of five leaves, and one eager kernel).
     python3 bench/experiments/mha_bwd_cpu_profile.py [--config 32 128 768 12] [--cores sdpa_flash hfnn_short]
-bench/mha_cpu.py breaks one core's call down op by op; this compares the cores and torch's module
-on one host and measures the engine's floor beside them (results/mha_bwd_cpu-h100.json).
+        [--out FILE --run LABEL]
+bench/mha_cpu.py breaks one core's call down op by op (torch.profiler); this compares the cores and
+torch's module on one host and measures the engine's floor beside them
+(results/mha_bwd_cpu-h100.json).
 """
 import argparse
+import datetime
+import json
+import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mha import timed_round  # noqa: E402  (bench/mha.py; imports hfnn, which registers torch.ops.hfnn)
@@ -41,19 +44,18 @@ def record(run, candidate, **measured):
 
 
 def save(path, records, args):
-    """Appends the records to the JSON file at `path` (made with the GPU, versions and config)."""
-    import datetime
-    import json
-    import os
-
+    """Appends the records to the JSON file at `path` (made with the GPU, versions and config),
+    through a temporary file beside it: a failed write leaves the file as it was."""
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
            "config": args.config, "dtype": args.dtype, "records": []}
     if os.path.exists(path):
         with open(path) as f:
             doc = json.load(f)
     doc["records"] += records
-    with open(path, "w") as f:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
 
 
 def main():
@@ -61,13 +63,9 @@ def main():
     ap.add_argument("--config", type=int, nargs=4, default=[32, 128, 768, 12])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--cores", nargs="*", default=["sdpa_flash", "hfnn_short", "hfnn_mid"])
-    ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--out", help="append this run's records to this JSON file (results/mha_bwd_cpu-<gpu>.json's "
                                    "form: a run label, then per candidate its wall and CPU us a call)")
     ap.add_argument("--run", default="run", help="the records' run label (default: run)")
-    ap.add_argument("--loop", type=float, default=0,
-                    help="only run fwd+bwd of --cores[0] for this many seconds (for a sampling profiler: "
-                         "py-spy record --native --format raw -- python3 this --loop 10)")
     args = ap.parse_args()
     b, length, embed, heads = args.config
     dtype = getattr(torch, args.dtype)
@@ -82,16 +80,6 @@ def main():
         return lambda: torch.ops.hfnn.multi_head_attention(inp, inp, inp, heads, m.in_proj_weight, m.in_proj_bias,
                                                            m.out_proj.weight, m.out_proj.bias, True, False, 0.0, core)
 
-    if args.loop:
-        step = op(args.cores[0], x) if args.cores[0] != "torch" else (lambda: m(x, x, x, need_weights=False)[0])
-        end = time.perf_counter() + args.loop
-        calls = 0
-        while time.perf_counter() < end:
-            step().backward(grad)
-            calls += 1
-        torch.cuda.synchronize()
-        print(f"{args.cores[0]}: {calls} fwd+bwd calls in {args.loop} s: {args.loop / calls * 1e6:.1f} us a call")
-        return
     cands = {"torch": (lambda: m(x, x, x, need_weights=False)[0], lambda: m(x_nograd, x_nograd, x_nograd,
                                                                             need_weights=False)[0])}
     for c in args.cores:
@@ -124,18 +112,6 @@ def main():
         save(args.out, records, args)
     print(f"floor        wall/cpu us: one node {one[0]:6.1f}/{one[1]:6.1f}  sum of 5 leaves {five[0]:6.1f}/"
           f"{five[1]:6.1f}  one eager kernel (mul) {launch[0]:6.1f}/{launch[1]:6.1f}", flush=True)
-    for name, (fn, _) in cands.items():
-        if not args.rows:
-            break
-        for _ in range(5):
-            fn().backward(grad)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(20):
-                fn().backward(grad)
-            torch.cuda.synchronize()
-        print(f"\n==== {name}: CPU ops of 20 fwd+bwd steps (us totals) ====")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
 
 
 if __name__ == "__main__":
