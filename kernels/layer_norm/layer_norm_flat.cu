@@ -9,9 +9,10 @@
 //     neighbouring tiles). The *_regs and window variants move each row on its own: a row of 33
 //     16-bit columns (66 bytes, 8 leads) is 2-byte accesses there (8x the instructions, 1/8 of the
 //     bytes an access), or a window of 5-6 packs whose two ends are written an element at a time;
-//     here it is 66 of the tile's 16,384 bytes. H100, 16M elements: 33 columns 55% of copy
+//     here it is 66 of the tile's 16,384 bytes. H100, 16M elements: 33 columns 72% of copy
 //     bandwidth against 44% (bf16) and 79% against 70% (float32), 127 bf16 columns 74% against 59%
-//     (bench/README.md, "Narrow rows through flat tiles").
+//     (bench/README.md, "Narrow rows through flat tiles"; 56% at 33 bf16 columns before a lane held
+//     exactly its elements: "The flat forward's lanes without empty slots").
 //
 //     x's tile sits in shared memory at its own pack alignment (element e of the tile at e + off,
 //     off its first element's offset in its 16 bytes), so x and y may each start anywhere in their
@@ -21,10 +22,10 @@
 //
 //     A persistent grid (as many blocks as run at once); a lane's columns (lane + j x kTpr) are
 //     the same in every row, so gamma and beta are read once into its registers. Rows of up to
-//     16 x kTpr columns (16 elements a lane; 512 at kTpr 32), any dtype, any element-aligned
-//     pointers. The same design for the backward (x and dy tiles, dx over dy, dgamma/dbeta in
-//     registers) was measured and not kept: 44-87% of copy bandwidth, below the *_regs and window
-//     backward at every width it takes.
+//     16 x kTpr columns (1 to 16 elements a lane, each count its own instantiation; 512 columns at
+//     kTpr 32), any dtype, any element-aligned pointers. The same design for the backward (x and
+//     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
+//     bandwidth, below the *_regs and window backward at every width it takes.
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
 #include "kernels/layer_norm/layer_norm_window.cuh"
@@ -39,12 +40,14 @@ constexpr int kFlatTileBytes = 16 * 1024;
 constexpr int64_t kFlatMaxTileRows = 1024;
 constexpr int kFlatMaxPerLane = 16;
 
-// Elements a lane holds of a row: the smallest of 1, 2, 4, 8 and 16 that covers it; 0 where none.
+// Elements a lane holds of a row: exactly what covers it, 1 to 16; 0 where more. Every count has
+// its instantiation (kE): a lane's slots past the row are predicated-off instructions that still
+// take issue slots, and with only powers of two a row of 33 columns at 4 lanes took 16 slots a lane
+// for 9 elements, close to half its element-wise instructions spent on nothing (bench/README.md,
+// "The flat forward's lanes without empty slots").
 int flat_per_lane(int64_t cols, int tpr) {
   const int64_t need = (cols + tpr - 1) / tpr;
-  for (int e = 1; e <= kFlatMaxPerLane; e *= 2)
-    if (e >= need) return e;
-  return 0;
+  return need <= kFlatMaxPerLane ? static_cast<int>(need) : 0;
 }
 
 struct FlatShape {
@@ -126,8 +129,8 @@ struct Tile {
 // Dynamic shared memory: two tile buffers (the tile being computed and the next one arriving).
 std::size_t flat_fwd_smem(const FlatShape& s, int elem) { return 2 * static_cast<std::size_t>(s.buf) * elem; }
 
-// Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) at 8, 2 at 16.
-constexpr int fwd_flat_min_blocks(int e) { return e <= 4 ? 4 : (e == 8 ? 3 : 2); }
+// Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) up to 8, 2 above.
+constexpr int fwd_flat_min_blocks(int e) { return e <= 4 ? 4 : (e <= 8 ? 3 : 2); }
 
 template <typename T, int kTpr, int kE>
 __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
@@ -214,19 +217,23 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
 
 // ---- host ------------------------------------------------------------------------------------------
 
+// Calls f.template operator()<kE>() for e in 1 .. kFlatMaxPerLane (16 past it: never reached,
+// the callers check flat_rows_ok first).
+template <int kE = 1, typename F>
+auto with_per_lane(int e, F&& f) {
+  if constexpr (kE < kFlatMaxPerLane) {
+    if (e != kE) return with_per_lane<kE + 1>(e, f);
+  }
+  return f.template operator()<kE>();
+}
+
 // Calls f.template operator()<T, kE>() for the dtype and the elements a lane holds (the caller
 // has checked that kTpr's 16 cover the row: flat_rows_ok).
 template <int kTpr, typename F>
 auto dispatch_flat(DType dtype, int64_t cols, F&& f) {
   const int e = flat_per_lane(cols, kTpr);
   return dispatch_dtype(dtype, [&]<typename T>() {
-    switch (e) {
-      case 1: return f.template operator()<T, 1>();
-      case 2: return f.template operator()<T, 2>();
-      case 4: return f.template operator()<T, 4>();
-      case 8: return f.template operator()<T, 8>();
-      default: return f.template operator()<T, 16>();
-    }
+    return with_per_lane(e, [&]<int kE>() { return f.template operator()<T, kE>(); });
   });
 }
 
