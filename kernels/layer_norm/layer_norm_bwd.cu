@@ -402,15 +402,23 @@ int bwd_access_bytes(const BwdParams& p) {
 }
 
 // Calls f.template operator()<T, kNv, kBytes>() for the instantiation that fits p: the widest
-// access its rows allow, the fewest accesses a thread that cover a row (supports() passed).
+// access its rows allow, the fewest accesses a thread that cover a row (a power of two unless
+// regs_exact_accesses; supports() passed).
 template <int kTpr, int kRows, typename F>
 decltype(auto) dispatch_regs(const BwdParams& p, F&& f) {
   return dispatch_dtype(p.dtype, [&]<typename T>() {
     return with_access_bytes<T>(bwd_access_bytes(p), [&]<int kBytes>() {
-      const int nv = regs_accesses(p.cols, kVec<T, kBytes>, kTpr);
+      constexpr bool kExact = regs_exact_accesses(sizeof(T), kBytes);
+      const int nv = regs_accesses(p.cols, kVec<T, kBytes>, kTpr, kExact);
       if constexpr (kRows == 1) {
         if (nv == 4) return f.template operator()<T, 4, kBytes>();
         if (nv == 8) return f.template operator()<T, 8, kBytes>();
+        if constexpr (kExact) {
+          if (nv == 3) return f.template operator()<T, 3, kBytes>();
+          if (nv == 5) return f.template operator()<T, 5, kBytes>();
+          if (nv == 6) return f.template operator()<T, 6, kBytes>();
+          if (nv == 7) return f.template operator()<T, 7, kBytes>();
+        }
       }
       if (nv == 1) return f.template operator()<T, 1, kBytes>();
       return f.template operator()<T, 2, kBytes>();
@@ -697,7 +705,8 @@ template <int kTpr, int kRows>
 bool bwd_regs_supports(const BwdParams& p) {
   const int bytes = bwd_access_bytes(p);
   if (!(p.rows > 0 && p.cols > 0 && bytes > 0)) return false;
-  const int nv = regs_accesses(p.cols, bytes / static_cast<int>(dtype_size(p.dtype)), kTpr);
+  const int elem = static_cast<int>(dtype_size(p.dtype));
+  const int nv = regs_accesses(p.cols, bytes / elem, kTpr, regs_exact_accesses(elem, bytes));
   if (!(nv > 0 && (kRows == 1 || nv <= kMaxAccessesForTwoRows))) return false;
   return dispatch_regs<kTpr, kRows>(p, [&]<typename T, int kNv, int kBytes>() {
     return fits(bwd_regs_kernel<T, kTpr, kNv, kRows, kBytes>, kRegsBlock, regs_fold_bytes(p.cols), p.device);

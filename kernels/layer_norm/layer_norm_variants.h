@@ -83,10 +83,24 @@ inline int64_t grid_within_workspace(int64_t grid, const BwdParams& p) {
 // Row-register variants hold at most this many accesses per thread per row.
 inline constexpr int kMaxAccessesPerThread = 8;
 
-// Accesses per thread the row-register variants instantiate for a row: the smallest power of two
-// that covers it, 0 when none does.
-inline int regs_accesses(int64_t cols, int vec, int tpr) {
+// Whether the row-register backward holds exactly the accesses that cover a row (any count to
+// kMaxAccessesPerThread) rather than the power of two at or above it: 16-bit rows in accesses of
+// under 16 bytes (rows not 16-byte aligned), where an access is 1 to 4 elements and a thread's slots
+// past the row (predicated off, still issued) cost the most. H100, bf16, 16M elements: 33 columns
+// at 8 threads a row took 8 two-byte accesses a thread for 5, and bwd_regs_tpr8 ran 1.17x faster
+// with 5; the forward did not gain (0.94-1.02x, so it keeps the powers of two: bench/README.md,
+// "The row-register backward's accesses without empty slots"). Elsewhere powers of two, fewer
+// instantiations.
+inline constexpr bool regs_exact_accesses(int elem_bytes, int access_bytes) {
+  return elem_bytes == 2 && access_bytes < 16;
+}
+
+// Accesses per thread the row-register variants instantiate for a row: the fewest that cover it
+// (`exact`: the backward's regs_exact_accesses), else the smallest power of two that does; 0 when
+// none does.
+inline int regs_accesses(int64_t cols, int vec, int tpr, bool exact = false) {
   const int64_t need = (cols + static_cast<int64_t>(vec) * tpr - 1) / (static_cast<int64_t>(vec) * tpr);
+  if (exact) return need <= kMaxAccessesPerThread ? static_cast<int>(need) : 0;
   for (int nv = 1; nv <= kMaxAccessesPerThread; nv *= 2)
     if (nv >= need) return nv;
   return 0;
