@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# LayerNorm variants swept again after a change (LN_REFRESH_VARIANTS, globs) at every width of the
+# sweep where they run (LN_REFRESH_WIDTHS: others, e.g. "sweep 63 257": the committed sweep keeps
+# 63 and 257 though they are not among the sweep's own), LN_REFRESH_DTYPES, 16M, 1M and 64K
+# elements, merged into the committed sweep, and the built-in choice's data made from it and
+# checked (defaults-refresh: its files under OUT, "refresh" in their names). With LN_REFRESH_NCU
+# (variant:dtype:ROWSxD ...), Nsight Compute on those cases after (one line a case, also in
+# OUT/ncu-lines.txt). Build first, here: bash scripts/device_wheel.sh (carry .devbuild). The
+# twenty-fourth session's:
+#   LN_REFRESH_VARIANTS="fwd_flat_*" LN_REFRESH_NCU="fwd_flat_tpr16:bfloat16:132104x127
+#     fwd_flat_tpr4:bfloat16:508400x33 fwd_flat_tpr8:bfloat16:266305x63" bash bench/experiments/ln_variants_refresh_run.sh
+#   (then LN_REFRESH_WIDTHS="63 257" with the first call's merged sweep committed here)
+#   LN_REFRESH_VARIANTS="bwd_regs_*" LN_REFRESH_DTYPES="bfloat16 float16" LN_REFRESH_WIDTHS="sweep 63 257" \
+#     bash bench/experiments/ln_variants_refresh_run.sh
+# Then here: cp OUT/layer_norm_sweep-refresh-h100.json bench/results/layer_norm_sweep-h100.json,
+# OUT/layer_norm_defaults-refresh.json src/layer_norm_defaults.json (python3 bench/layer_norm_sweep.py
+# --defaults of the same files writes the same bytes), OUT/layer_norm_default-refresh-h100.json
+# bench/results/layer_norm_default-h100.json.
+cd "$(dirname "$0")/../.."
+source bench/experiments/device_start.sh
+set -f  # the variants are globs for the sweep, not for the shell
+patterns=(${LN_REFRESH_VARIANTS:?set LN_REFRESH_VARIANTS})
+set +f
+timeout ${SWEEP_TIMEOUT:-150} python3 bench/layer_norm_sweep.py --out "$OUT/refresh_part.json" --candidates variants \
+  --variants "${patterns[@]}" --dtypes ${LN_REFRESH_DTYPES:-float32 bfloat16 float16} --widths ${LN_REFRESH_WIDTHS:-sweep} \
+  > "$OUT/refresh_part.log" 2>&1 || { echo "sweep failed: $(tail -5 "$OUT/refresh_part.log")"; exit 1; }
+grep -E "FAILED|wrote" "$OUT/refresh_part.log" | head
+# Only the variants' records (the sweep adds its references).
+python3 - "$OUT/refresh_part.json" "${patterns[@]}" <<'PY'
+import fnmatch, json, sys
+path, patterns = sys.argv[1], sys.argv[2:]
+records = [r for r in json.load(open(path)) if any(fnmatch.fnmatch(r["candidate"], p) for p in patterns)]
+with open(path.replace(".json", "-variants.json"), "w") as f:
+    f.write("[\n" + ",\n".join(json.dumps(r, separators=(",", ":")) for r in records) + "\n]\n")
+PY
+REFRESH_PARTS="$OUT/refresh_part-variants.json" SWEEP_TIMEOUT=${REFRESH_TIMEOUT:-280} \
+  bash scripts/device_run.sh defaults-refresh 2>&1 | tail -4
+[[ -n "${LN_REFRESH_NCU:-}" ]] || exit 0
+m=gpu__time_duration.sum,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_elapsed,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size
+for case in $LN_REFRESH_NCU; do
+  IFS=: read -r variant dtype shape <<< "$case"
+  ncu --clock-control none -k regex:"(fwd|bwd)_" --launch-skip 6 --launch-count 1 --metrics $m \
+    python3 bench/profile_variant.py --shape ${shape/x/ } --dtype $dtype --variant $variant --runs 8 2>&1 \
+    | grep -E "^ +[a-z_]+__|launch__" | awk '{print $1, $(NF)}' > "$OUT/n.txt"
+  echo "$case $(tr '\n' ' ' < "$OUT/n.txt")" | tee -a "$OUT/ncu-lines.txt"
+done
