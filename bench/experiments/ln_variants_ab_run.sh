@@ -9,20 +9,23 @@
 # an H200 it runs the issues' H200 benchmarks instead (device_start.sh). The twenty-fourth session's:
 #   LN_AB_VARIANTS="fwd_flat_*" bash bench/experiments/ln_variants_ab_run.sh
 #       (the flat forward at every count of elements a lane; copy as a candidate too, three dtypes)
-#   LN_AB_VARIANTS="fwd_regs_* bwd_regs_*" LN_AB_DTYPES="bfloat16 float16" \
+#   LN_AB_VARIANTS="fwd_regs_* bwd_regs_*" LN_AB_DTYPES="bfloat16 float16" LN_AB_COPY= \
 #   LN_AB_WIDTHS="33 34 36 63 98 100 127 160 255 257 402 500" bash bench/experiments/ln_variants_ab_run.sh
-#       (the row-register variants with exact access counts)
+#       (the row-register variants with exact access counts; that run had no copy candidate: LN_AB_COPY=)
+# (Those two ran as ln_flat_lanes_run.sh and ln_regs_exact_run.sh of 778f495 and b68b220, since
+# merged into this one.)
 # Then here: python3 bench/layer_norm_sweep.py --compare OUT/ab/base/ab.json OUT/ab/new/ab.json
 cd "$(dirname "$0")/../.."
+[[ -n "${LN_AB_VARIANTS:-}" ]] || { echo "ln_variants_ab_run.sh: set LN_AB_VARIANTS (globs of variant names)"; exit 2; }
 source bench/experiments/device_start.sh
 if [[ "${LN_AB_TESTS:-1}" == 1 ]]; then
   timeout ${TEST_TIMEOUT:-280} python3 -m pytest tests/python/test_layer_norm_widths.py -q -p no:cacheprovider -x \
     -k "unaligned or 1-275 or 276-550" 2>&1 | tail -8
 fi
 set -f  # the variants are globs for the sweep, not for the shell
-variants=$(for v in ${LN_AB_VARIANTS:?set LN_AB_VARIANTS}; do printf "'%s' " "$v"; done)
+variants=$(for v in $LN_AB_VARIANTS; do printf "'%s' " "$v"; done)
 set +f
 widths=${LN_AB_WIDTHS:-"32 33 34 36 48 63 64 96 98 100 127 128 160 192 255 256 257 320 384 402 500 512"}
 AB_RUNS=${LN_AB_RUNS:-"base new base2 new2"} AB_TIMEOUT=${LN_AB_TIMEOUT:-90} OUT="$OUT/ab" bash scripts/device_ab.sh \
-  "python3 bench/layer_norm_sweep.py --out \$AB_OUT/ab.json --candidates variants copy --sizes 16M --dtypes ${LN_AB_DTYPES:-float32 bfloat16 float16} --widths $widths --variants $variants" \
+  "python3 bench/layer_norm_sweep.py --out \$AB_OUT/ab.json --candidates variants ${LN_AB_COPY-copy} --sizes 16M --dtypes ${LN_AB_DTYPES:-float32 bfloat16 float16} --widths $widths --variants $variants" \
   | grep -E "device_ab|wrote|FAILED" | tail -12

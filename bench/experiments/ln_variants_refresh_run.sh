@@ -12,14 +12,17 @@
 #   (then LN_REFRESH_WIDTHS="63 257" with the first call's merged sweep committed here)
 #   LN_REFRESH_VARIANTS="bwd_regs_*" LN_REFRESH_DTYPES="bfloat16 float16" LN_REFRESH_WIDTHS="sweep 63 257" \
 #     bash bench/experiments/ln_variants_refresh_run.sh
+# (Those ran as ln_flat_lanes_refresh_run.sh and ln_regs_exact_refresh_run.sh of 778f495 and b68b220,
+# since merged into this one.)
 # Then here: cp OUT/layer_norm_sweep-refresh-h100.json bench/results/layer_norm_sweep-h100.json,
 # OUT/layer_norm_defaults-refresh.json src/layer_norm_defaults.json (python3 bench/layer_norm_sweep.py
 # --defaults of the same files writes the same bytes), OUT/layer_norm_default-refresh-h100.json
 # bench/results/layer_norm_default-h100.json.
 cd "$(dirname "$0")/../.."
+[[ -n "${LN_REFRESH_VARIANTS:-}" ]] || { echo "ln_variants_refresh_run.sh: set LN_REFRESH_VARIANTS (globs of variant names)"; exit 2; }
 source bench/experiments/device_start.sh
 set -f  # the variants are globs for the sweep, not for the shell
-patterns=(${LN_REFRESH_VARIANTS:?set LN_REFRESH_VARIANTS})
+patterns=($LN_REFRESH_VARIANTS)
 set +f
 timeout ${SWEEP_TIMEOUT:-150} python3 bench/layer_norm_sweep.py --out "$OUT/refresh_part.json" --candidates variants \
   --variants "${patterns[@]}" --dtypes ${LN_REFRESH_DTYPES:-float32 bfloat16 float16} --widths ${LN_REFRESH_WIDTHS:-sweep} \
@@ -35,7 +38,9 @@ with open(path.replace(".json", "-variants.json"), "w") as f:
 PY
 REFRESH_PARTS="$OUT/refresh_part-variants.json" SWEEP_TIMEOUT=${REFRESH_TIMEOUT:-280} \
   bash scripts/device_run.sh defaults-refresh 2>&1 | tail -4
-[[ -n "${LN_REFRESH_NCU:-}" ]] || exit 0
+refresh_rc=${PIPESTATUS[0]}
+[[ "$refresh_rc" == 0 ]] || echo "defaults-refresh failed (exit $refresh_rc): see its lines above"
+[[ -n "${LN_REFRESH_NCU:-}" ]] || exit "$refresh_rc"
 m=gpu__time_duration.sum,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_elapsed,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size
 for case in $LN_REFRESH_NCU; do
   IFS=: read -r variant dtype shape <<< "$case"
@@ -44,3 +49,4 @@ for case in $LN_REFRESH_NCU; do
     | grep -E "^ +[a-z_]+__|launch__" | awk '{print $1, $(NF)}' > "$OUT/n.txt"
   echo "$case $(tr '\n' ' ' < "$OUT/n.txt")" | tee -a "$OUT/ncu-lines.txt"
 done
+exit "$refresh_rc"
