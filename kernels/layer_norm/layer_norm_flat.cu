@@ -22,8 +22,8 @@
 //
 //     A persistent grid (as many blocks as run at once); a lane's columns (lane + j x kTpr) are
 //     the same in every row, so gamma and beta are read once into its registers. Rows of up to
-//     16 x kTpr columns (1 to 16 elements a lane, each count its own instantiation; 512 columns at
-//     kTpr 32), any dtype, any element-aligned pointers. The same design for the backward (x and
+//     16 x kTpr columns (1 to 16 elements a lane, in 16-bit each count its own instantiation; 512
+//     columns at kTpr 32), any dtype, any element-aligned pointers. The same design for the backward (x and
 //     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
 //     bandwidth, below the *_regs and window backward at every width it takes.
 #include "kernels/common/device.cuh"
@@ -40,14 +40,20 @@ constexpr int kFlatTileBytes = 16 * 1024;
 constexpr int64_t kFlatMaxTileRows = 1024;
 constexpr int kFlatMaxPerLane = 16;
 
-// Elements a lane holds of a row: exactly what covers it, 1 to 16; 0 where more. Every count has
-// its instantiation (kE): a lane's slots past the row are predicated-off instructions that still
-// take issue slots, and with only powers of two a row of 33 columns at 4 lanes took 16 slots a lane
-// for 9 elements, close to half its element-wise instructions spent on nothing (bench/README.md,
-// "The flat forward's lanes without empty slots").
-int flat_per_lane(int64_t cols, int tpr) {
+// Elements a lane holds of a row, 0 where more than 16: in 16-bit exactly what covers it (every
+// count has its instantiation, kE), in float32 the smallest power of two that does. A lane's slots
+// past the row are predicated-off instructions that still take issue slots: with only powers of
+// two a 16-bit row of 33 columns at 4 lanes took 16 slots a lane for 9 elements, close to half its
+// element-wise instructions spent on nothing, and the exact count made it 1.25-1.29x faster. In
+// float32 the exact counts were 0.92-1.03x, 0.98x at 33 columns where this variant is the best
+// (bench/README.md, "The flat forward's lanes without empty slots").
+int flat_per_lane(int64_t cols, int tpr, int elem) {
   const int64_t need = (cols + tpr - 1) / tpr;
-  return need <= kFlatMaxPerLane ? static_cast<int>(need) : 0;
+  if (need > kFlatMaxPerLane) return 0;
+  if (elem == 2) return static_cast<int>(need);
+  int e = 1;
+  while (e < need) e *= 2;
+  return e;
 }
 
 struct FlatShape {
@@ -217,12 +223,13 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
 
 // ---- host ------------------------------------------------------------------------------------------
 
-// Calls f.template operator()<kE>() for e in 1 .. kFlatMaxPerLane (16 past it: never reached,
-// the callers check flat_rows_ok first).
-template <int kE = 1, typename F>
+// Calls f.template operator()<kE>() for e in 1 .. kFlatMaxPerLane, or with kPow2 for e a power of
+// two (16 for any other e: never reached, the callers check flat_rows_ok first). kPow2 (float32)
+// instantiates the powers of two alone.
+template <bool kPow2, int kE = 1, typename F>
 auto with_per_lane(int e, F&& f) {
   if constexpr (kE < kFlatMaxPerLane) {
-    if (e != kE) return with_per_lane<kE + 1>(e, f);
+    if (e != kE) return with_per_lane<kPow2, kPow2 ? 2 * kE : kE + 1>(e, f);
   }
   return f.template operator()<kE>();
 }
@@ -231,14 +238,14 @@ auto with_per_lane(int e, F&& f) {
 // has checked that kTpr's 16 cover the row: flat_rows_ok).
 template <int kTpr, typename F>
 auto dispatch_flat(DType dtype, int64_t cols, F&& f) {
-  const int e = flat_per_lane(cols, kTpr);
+  const int e = flat_per_lane(cols, kTpr, static_cast<int>(dtype_size(dtype)));
   return dispatch_dtype(dtype, [&]<typename T>() {
-    return with_per_lane(e, [&]<int kE>() { return f.template operator()<T, kE>(); });
+    return with_per_lane<sizeof(T) != 2>(e, [&]<int kE>() { return f.template operator()<T, kE>(); });
   });
 }
 
 bool flat_rows_ok(int64_t rows, int64_t cols, int tpr, int elem, std::initializer_list<const void*> pointers) {
-  return rows > 0 && cols > 0 && flat_per_lane(cols, tpr) > 0 && elem_aligned(pointers, elem);
+  return rows > 0 && cols > 0 && flat_per_lane(cols, tpr, elem) > 0 && elem_aligned(pointers, elem);
 }
 
 // Blocks of kKernel resident at once over the device at `smem` bytes, remembered per kernel,
