@@ -81,19 +81,18 @@ def run_shape(name):
             return torch.mm(a, b)
         return run
 
-    def three():
-        torch.backends.cuda.matmul.allow_tf32 = True
-        d = torch.mm(a_s, b_b)
-        d.addmm_(a_b, b_s)
-        d.addmm_(a_b, b_b)
-        return d
+    def three_products(a_small, a_big, b_small, b_big):
+        """small·big + big·small + big·big in TF32, the last two accumulating into the first."""
+        def run():
+            torch.backends.cuda.matmul.allow_tf32 = True
+            d = torch.mm(a_small, b_big)
+            d.addmm_(a_big, b_small)
+            d.addmm_(a_big, b_big)
+            return d
+        return run
 
-    def three_t():
-        torch.backends.cuda.matmul.allow_tf32 = True
-        d = torch.mm(a_st, b)
-        d.addmm_(a, b_st)
-        d.addmm_(a, b)
-        return d
+    three = three_products(a_s, a_b, b_s, b_b)
+    three_t = three_products(a_st, a, b_st, b)  # the operand itself as "big"
 
     def three_chunked(kc=1024):
         # K in chunks, each chunk's three products into its own fp32 result, the chunk results

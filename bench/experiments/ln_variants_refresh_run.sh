@@ -4,8 +4,8 @@
 # 63 and 257 though they are not among the sweep's own), LN_REFRESH_DTYPES, 16M, 1M and 64K
 # elements, merged into the committed sweep, and the built-in choice's data made from it and
 # checked (defaults-refresh: its files under OUT, "refresh" in their names). With LN_REFRESH_NCU
-# (variant:dtype:ROWSxD ...), Nsight Compute on those cases after (one line a case, also in
-# OUT/ncu-lines.txt). Build first, here: bash scripts/device_wheel.sh (carry .devbuild). The
+# (variant:dtype:ROWSxD ...), Nsight Compute on those cases after (ln_ncu_lines.sh: one line a case,
+# also in OUT/ncu-lines.txt). Build first, here: bash scripts/device_wheel.sh (carry .devbuild). The
 # twenty-fourth session's:
 #   LN_REFRESH_VARIANTS="fwd_flat_*" LN_REFRESH_NCU="fwd_flat_tpr16:bfloat16:132104x127
 #     fwd_flat_tpr4:bfloat16:508400x33 fwd_flat_tpr8:bfloat16:266305x63" bash bench/experiments/ln_variants_refresh_run.sh
@@ -41,12 +41,5 @@ REFRESH_PARTS="$OUT/refresh_part-variants.json" SWEEP_TIMEOUT=${REFRESH_TIMEOUT:
 refresh_rc=${PIPESTATUS[0]}
 [[ "$refresh_rc" == 0 ]] || echo "defaults-refresh failed (exit $refresh_rc): see its lines above"
 [[ -n "${LN_REFRESH_NCU:-}" ]] || exit "$refresh_rc"
-m=gpu__time_duration.sum,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_elapsed,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size
-for case in $LN_REFRESH_NCU; do
-  IFS=: read -r variant dtype shape <<< "$case"
-  ncu --clock-control none -k regex:"(fwd|bwd)_" --launch-skip 6 --launch-count 1 --metrics $m \
-    python3 bench/profile_variant.py --shape ${shape/x/ } --dtype $dtype --variant $variant --runs 8 2>&1 \
-    | grep -E "^ +[a-z_]+__|launch__" | awk '{print $1, $(NF)}' > "$OUT/n.txt"
-  echo "$case $(tr '\n' ' ' < "$OUT/n.txt")" | tee -a "$OUT/ncu-lines.txt"
-done
+LN_NCU_CASES="$LN_REFRESH_NCU" OUT="$OUT" bash bench/experiments/ln_ncu_lines.sh
 exit "$refresh_rc"
