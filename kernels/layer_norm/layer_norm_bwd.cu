@@ -172,6 +172,11 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
   // once into shared memory, and a row reads it there as floats: no global load, address, unpack or
   // null test a row (H200 SASS, bf16, 32 elements a thread: 144 of 817 instructions a row).
   constexpr bool kHoldGamma = kNv * kV <= 16;
+  // Accesses i < kSure are inside every row (sure_slots): no column test, for accesses of up to 4
+  // bytes (1.02-1.16x, H100, 16M elements, 33-127 columns); with 8- or 16-byte ones the tests stay,
+  // as measured faster there (without: 0.84-0.94x for two rows a group and 8 accesses of 16 bytes,
+  // bench/README.md, "Slots inside every row without a column test").
+  constexpr int kSure = kBytes <= 4 ? sure_slots(kNv, regs_exact_accesses(sizeof(T), kBytes)) : 0;
   const int lane = threadIdx.x % kTpr;
   const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
-        if (valid && col < cols) {
+        if (valid && (i < kSure || col < cols)) {
           next_x[r][i] = load_pack<T, kBytes>(x + col);
           next_dy[r][i] = load_pack<T, kBytes>(dy + col);
         } else {
@@ -268,7 +273,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
       sum_g[r] = sum_gx[r] = 0.f;
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
-        if ((i * kTpr + lane) * kV >= cols) continue;
+        if (i >= kSure && (i * kTpr + lane) * kV >= cols) continue;
         float xv[kV], dv[kV], gv[kV];
         unpack(xs[r][i], xv);
         unpack(ds[r][i], dv);
@@ -307,7 +312,7 @@ __global__ void __launch_bounds__(kRegsBlock, regs_min_blocks(kRows * kNv * kVec
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
-        if (col >= cols) continue;
+        if (i >= kSure && col >= cols) continue;
         float xv[kV], dv[kV], gv[kV], out[kV];
         unpack(xs[r][i], xv);
         unpack(ds[r][i], dv);

@@ -26,6 +26,8 @@
 //     columns at kTpr 32), any dtype, any element-aligned pointers. The same design for the backward (x and
 //     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
 //     bandwidth, below the *_regs and window backward at every width it takes.
+#include <algorithm>
+
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
 #include "kernels/layer_norm/layer_norm_window.cuh"
@@ -132,24 +134,80 @@ struct Tile {
 
 // ---- forward ---------------------------------------------------------------------------------------
 
+// The spacing (log2, 0 to 3) at which a warp's row-groups take their rows: the groups' elements of
+// one slot are one shared-memory load (and store) instruction, served once per distinct 4-byte word
+// on its busiest bank, and rows of `cols` elements start at cols x elem bytes from each other. A
+// model, not a measurement: for each spacing, summed over the slots and over the tile's eight (four)
+// possible leads, the most distinct words on one bank; the smallest sum wins, ties to the smaller
+// spacing. bf16, 63 columns at 4 lanes a row: 4.9 words a bank on consecutive rows, 1.0 on rows 8
+// apart; 36 columns at 4 lanes: 1.5 consecutive, 4.0 at 8 apart. Remembered for the last few shapes.
+int flat_spacing_log2(int64_t cols, int tpr, int elem) {
+  const int groups = 32 / tpr;
+  if (groups == 1) return 0;
+  struct Entry { int64_t cols; int tpr, elem, spacing; };
+  thread_local Entry seen[8] = {};
+  thread_local int next = 0;
+  for (const Entry& e : seen)
+    if (e.cols == cols && e.tpr == tpr && e.elem == elem) return e.spacing;
+  const int slots = flat_per_lane(cols, tpr, elem);
+  int best = 0;
+  int64_t best_cost = -1;
+  for (int s = 0; s < 4; ++s) {
+    int64_t cost = 0;
+    for (int lead = 0; lead < 16 / elem; ++lead) {
+      for (int j = 0; j < slots; ++j) {
+        int64_t words[32];
+        int n = 0;
+        for (int g = 0; g < groups; ++g)
+          for (int lane = 0; lane < tpr; ++lane) {
+            const int64_t c = lane + static_cast<int64_t>(j) * tpr;
+            if (c >= cols) continue;
+            const int64_t w = ((lead + (static_cast<int64_t>(g) << s) * cols + c) * elem) / 4;
+            bool dup = false;
+            for (int k = 0; k < n && !dup; ++k) dup = words[k] == w;
+            if (!dup) words[n++] = w;
+          }
+        int per_bank[32] = {};
+        int most = 0;
+        for (int k = 0; k < n; ++k) most = std::max(most, ++per_bank[words[k] % 32]);
+        cost += most;
+      }
+    }
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+  }
+  seen[next] = {cols, tpr, elem, best};
+  next = (next + 1) % 8;
+  return best;
+}
+
 // Dynamic shared memory: two tile buffers (the tile being computed and the next one arriving).
 std::size_t flat_fwd_smem(const FlatShape& s, int elem) { return 2 * static_cast<std::size_t>(s.buf) * elem; }
 
 // Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) up to 8, 2 above.
 constexpr int fwd_flat_min_blocks(int e) { return e <= 4 ? 4 : (e <= 8 ? 3 : 2); }
 
+// spacing_log2: a warp's row-groups take rows 2^s apart (s = 0: consecutive rows), so that their
+// rows' shared-memory words fall on different banks (flat_spacing_log2).
 template <typename T, int kTpr, int kE>
 __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
-    fwd_flat_kernel(const FwdParams p, int64_t tile_rows, int64_t tiles, int buf_elems) {
+    fwd_flat_kernel(const FwdParams p, int64_t tile_rows, int64_t tiles, int buf_elems, int spacing_log2) {
   extern __shared__ float4 flat_smem[];
   constexpr int kGroups = kFlatBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
+  // A lane's slots j < kSure are inside every row (sure_slots): no column test.
+  constexpr int kSure = sure_slots(kE, sizeof(T) == 2);
   const int cols = static_cast<int>(p.cols);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   T* const bufs = reinterpret_cast<T*>(flat_smem);
   const int lane = threadIdx.x % kTpr;
-  const int warp_first = (threadIdx.x / 32) * kGroupsPerWarp;
+  const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
+  // The warps fall into chunks of 2^s; a chunk takes kGroupsPerWarp x 2^s consecutive rows of each
+  // kGroups, its warp w the rows at w mod 2^s, every 2^s: a bijection onto the kGroups rows.
+  const int spacing = 1 << spacing_log2;
+  const int warp_first = (warp >> spacing_log2) * (kGroupsPerWarp << spacing_log2) + (warp & (spacing - 1));
+  const int group_offset = group_in_warp << spacing_log2;
+  auto inside = [&](int j) { return j < kSure || lane + j * kTpr < cols; };
   const T* __restrict__ x = static_cast<const T*>(p.x);
   T* __restrict__ y = static_cast<T*>(p.y);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
@@ -183,32 +241,31 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
     const int off = row_lead<T>(x, t.e0);
     // Whole warps iterate together (the bound is the warp's first row-group's row), so every
     // shuffle sees all 32 lanes; rows past the tile compute on zeros and store nothing.
+    // A group past the tile's rows computes on its last row (no test an element) and stores nothing.
     for (int r0 = warp_first; r0 < t.rows; r0 += kGroups) {
-      const int r = r0 + group_in_warp;
+      const int r = r0 + group_offset;
       const bool valid = r < t.rows;
-      T* row = buf + off + r * cols;
+      T* row = buf + off + (valid ? r : t.rows - 1) * cols;
       float v[kE];
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kE; ++j) {
-        const int c = lane + j * kTpr;
-        v[j] = valid && c < cols ? to_float(row[c]) : 0.f;
+        v[j] = inside(j) ? to_float(row[lane + j * kTpr]) : 0.f;
         sum += v[j];
       }
       const float mean = group_sum<kTpr>(sum) * inv_cols;
       float sq = 0.f;
 #pragma unroll
       for (int j = 0; j < kE; ++j) {
-        const float d = lane + j * kTpr < cols ? v[j] - mean : 0.f;
+        const float d = inside(j) ? v[j] - mean : 0.f;
         sq += d * d;
       }
       const float rstd = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
       if (!valid) continue;
 #pragma unroll
       for (int j = 0; j < kE; ++j) {
-        const int c = lane + j * kTpr;
         // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
-        if (c < cols) row[c] = from_float<T>(fmaf((v[j] - mean) * rstd, gr[j], br[j]));
+        if (inside(j)) row[lane + j * kTpr] = from_float<T>(fmaf((v[j] - mean) * rstd, gr[j], br[j]));
       }
       if (lane == 0 && p.mean) {
         p.mean[t.row0 + r] = mean;
@@ -287,7 +344,8 @@ cudaError_t fwd_flat_run(const FwdParams& p, cudaStream_t stream) {
     const int64_t resident = flat_resident<&fwd_flat_kernel<T, kTpr, kE>>(smem, p.device);
     const int grid = static_cast<int>(s.tiles < resident ? s.tiles : resident);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    return launch_pdl(kernel, grid, kFlatBlock, smem, stream, p, s.tile_rows, s.tiles, s.buf);
+    return launch_pdl(kernel, grid, kFlatBlock, smem, stream, p, s.tile_rows, s.tiles, s.buf,
+                      flat_spacing_log2(p.cols, kTpr, elem));
   });
 }
 

@@ -38,6 +38,11 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kGroupsPerBlock = kRegsBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
+  // Accesses i < kSure are inside every row (sure_slots; a power of two of them): no column test.
+  // Not at 8 accesses under 16 bytes: without the tests those were 0.87-0.96x as fast (H100, 16M
+  // elements, float32 and 16-bit at 34-255 columns), where 16-byte ones gained up to 1.13x and
+  // fewer accesses up to 1.22x (bench/README.md, "Slots inside every row without a column test").
+  constexpr int kSure = kNv == 8 && kBytes < 16 ? 0 : sure_slots(kNv, false);
   const int lane = threadIdx.x % kTpr;
   const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
@@ -64,7 +69,7 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
-        if (valid && col < cols) {
+        if (valid && (i < kSure || col < cols)) {
           unpack(load_pack<T, kBytes>(x + col), v[r][i]);
         } else {
 #pragma unroll
@@ -86,7 +91,7 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
       float sq = 0.f;
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
-        if ((i * kTpr + lane) * kV < cols) {
+        if (i < kSure || (i * kTpr + lane) * kV < cols) {
 #pragma unroll
           for (int k = 0; k < kV; ++k) {
             const float d = v[r][i][k] - mean[r];
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(kRegsBlock) fwd_regs_kernel(const FwdParams p)
 #pragma unroll
       for (int i = 0; i < kNv; ++i) {
         const int col = (i * kTpr + lane) * kV;
-        if (col >= cols) continue;
+        if (i >= kSure && col >= cols) continue;
         float out[kV];
         // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
 #pragma unroll
