@@ -14,7 +14,7 @@
 #       (the row-register variants with exact access counts; that run had no copy candidate: LN_AB_COPY=)
 # (Those two ran as ln_flat_lanes_run.sh and ln_regs_exact_run.sh of 778f495 and b68b220, since
 # merged into this one.)
-# Then here: python3 bench/layer_norm_sweep.py --compare OUT/ab/base/ab.json OUT/ab/new/ab.json
+# Then here: tar xzf OUT/ab.tgz -C OUT && python3 bench/layer_norm_sweep.py --compare OUT/ab/base/ab.json OUT/ab/new/ab.json
 cd "$(dirname "$0")/../.."
 [[ -n "${LN_AB_VARIANTS:-}" ]] || { echo "ln_variants_ab_run.sh: set LN_AB_VARIANTS (globs of variant names)"; exit 2; }
 source bench/experiments/device_start.sh
@@ -29,3 +29,6 @@ widths=${LN_AB_WIDTHS:-"32 33 34 36 48 63 64 96 98 100 127 128 160 192 255 256 2
 AB_RUNS=${LN_AB_RUNS:-"base new base2 new2"} AB_TIMEOUT=${LN_AB_TIMEOUT:-90} OUT="$OUT/ab" bash scripts/device_ab.sh \
   "python3 bench/layer_norm_sweep.py --out \$AB_OUT/ab.json --candidates variants ${LN_AB_COPY-copy} --sizes 16M --dtypes ${LN_AB_DTYPES:-float32 bfloat16 float16} --widths $widths --variants $variants" \
   | grep -E "device_ab|wrote|FAILED" | tail -12
+# One file back instead of eight (a call returns at most eight: the twenty-fifth session lost three
+# runs' files to that limit when other steps followed in the same call).
+tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"

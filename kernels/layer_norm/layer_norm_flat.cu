@@ -21,7 +21,13 @@
 //     16-byte pack but the tile's two ends).
 //
 //     A persistent grid (as many blocks as run at once); a lane's columns (lane + j x kTpr) are
-//     the same in every row, so gamma and beta are read once into its registers. Rows of up to
+//     the same in every row, so gamma and beta are read once into its registers. In 16-bit a
+//     lane's slots are tested against the width only where they can pass it (the last one:
+//     sure_slots), and a warp's row-groups take rows 1 to 8 apart, as a bank model picks for the
+//     width (flat_spacing_log2), so their shared-memory words fall on different banks; means and
+//     rstds leave through shared memory with y. H100, 16M elements: 63 bf16 columns 62% -> 74% of
+//     copy bandwidth, 127 74% -> 79% (bench/README.md, "Slots inside every row without a column
+//     test"). Rows of up to
 //     16 x kTpr columns (1 to 16 elements a lane, in 16-bit each count its own instantiation; 512
 //     columns at kTpr 32), any dtype, any element-aligned pointers. The same design for the backward (x and
 //     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
@@ -140,12 +146,13 @@ struct Tile {
 // model, not a measurement: for each spacing, summed over the slots and over the tile's eight (four)
 // possible leads, the most distinct words on one bank; the smallest sum wins, ties to the smaller
 // spacing. bf16, 63 columns at 4 lanes a row: 4.9 words a bank on consecutive rows, 1.0 on rows 8
-// apart; 36 columns at 4 lanes: 1.5 consecutive, 4.0 at 8 apart. Remembered for the last few shapes.
+// apart; 36 columns at 4 lanes: 1.5 consecutive, 4.0 at 8 apart. A miss costs up to about 300K
+// integer operations (0.1-0.3 ms), so the last 64 shapes a thread saw are remembered.
 int flat_spacing_log2(int64_t cols, int tpr, int elem) {
   const int groups = 32 / tpr;
-  if (groups == 1) return 0;
+  if (groups == 1 || elem != 2) return 0;  // float32 keeps consecutive rows, as measured
   struct Entry { int64_t cols; int tpr, elem, spacing; };
-  thread_local Entry seen[8] = {};
+  thread_local Entry seen[64] = {};
   thread_local int next = 0;
   for (const Entry& e : seen)
     if (e.cols == cols && e.tpr == tpr && e.elem == elem) return e.spacing;
@@ -176,12 +183,15 @@ int flat_spacing_log2(int64_t cols, int tpr, int elem) {
     if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
   }
   seen[next] = {cols, tpr, elem, best};
-  next = (next + 1) % 8;
+  next = (next + 1) % 64;
   return best;
 }
 
-// Dynamic shared memory: two tile buffers (the tile being computed and the next one arriving).
-std::size_t flat_fwd_smem(const FlatShape& s, int elem) { return 2 * static_cast<std::size_t>(s.buf) * elem; }
+// Dynamic shared memory: two tile buffers (the tile being computed and the next one arriving), then
+// the tile's means and rstds.
+std::size_t flat_fwd_smem(const FlatShape& s, int elem) {
+  return 2 * static_cast<std::size_t>(s.buf) * elem + 2 * static_cast<std::size_t>(s.tile_rows) * sizeof(float);
+}
 
 // Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) up to 8, 2 above.
 constexpr int fwd_flat_min_blocks(int e) { return e <= 4 ? 4 : (e <= 8 ? 3 : 2); }
@@ -194,11 +204,15 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
   extern __shared__ float4 flat_smem[];
   constexpr int kGroups = kFlatBlock / kTpr;
   constexpr int kGroupsPerWarp = 32 / kTpr;
-  // A lane's slots j < kSure are inside every row (sure_slots): no column test.
-  constexpr int kSure = sure_slots(kE, sizeof(T) == 2);
+  // A lane's slots j < kSure are inside every row (sure_slots): no column test. float32 keeps the
+  // tests (and consecutive rows: flat_spacing_log2), as measured faster there (0.98-0.99x without).
+  constexpr int kSure = sizeof(T) == 2 ? sure_slots(kE, true) : 0;
   const int cols = static_cast<int>(p.cols);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   T* const bufs = reinterpret_cast<T*>(flat_smem);
+  // The tile's means and rstds: written by row here, leaving with y in consecutive stores (a warp's
+  // groups take rows 2^s apart, and their own stores would touch a 32-byte sector each).
+  float* const stats = reinterpret_cast<float*>(bufs + 2 * buf_elems);
   const int lane = threadIdx.x % kTpr;
   const int warp = threadIdx.x / 32;
   const int group_in_warp = (threadIdx.x % 32) / kTpr;
@@ -240,8 +254,9 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
     const Tile t(tile, tile_rows, p.rows, cols);
     const int off = row_lead<T>(x, t.e0);
     // Whole warps iterate together (the bound is the warp's first row-group's row), so every
-    // shuffle sees all 32 lanes; rows past the tile compute on zeros and store nothing.
-    // A group past the tile's rows computes on its last row (no test an element) and stores nothing.
+    // shuffle sees all 32 lanes. A group past the tile's rows computes on its last row (no test an
+    // element) and stores nothing: it may read that row while the group that owns it writes y over
+    // it, and throws what it read away (a race by the letter, which racecheck would report; harmless).
     for (int r0 = warp_first; r0 < t.rows; r0 += kGroups) {
       const int r = r0 + group_offset;
       const bool valid = r < t.rows;
@@ -267,13 +282,19 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
         // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
         if (inside(j)) row[lane + j * kTpr] = from_float<T>(fmaf((v[j] - mean) * rstd, gr[j], br[j]));
       }
-      if (lane == 0 && p.mean) {
-        p.mean[t.row0 + r] = mean;
-        p.rstd[t.row0 + r] = rstd;
+      if (lane == 0) {
+        stats[r] = mean;
+        stats[tile_rows + r] = rstd;
       }
     }
     __syncthreads();  // every row of the tile written
     store_tile(y, t.e0, t.n, buf, off);
+    if (p.mean) {
+      for (int r = threadIdx.x; r < t.rows; r += kFlatBlock) {
+        p.mean[t.row0 + r] = stats[r];
+        p.rstd[t.row0 + r] = stats[tile_rows + r];
+      }
+    }
     __syncthreads();  // the next iteration's copies overwrite what the stores read
   }
 }
