@@ -151,11 +151,11 @@ struct Tile {
 int flat_spacing_log2(int64_t cols, int tpr, int elem) {
   const int groups = 32 / tpr;
   if (groups == 1 || elem != 2) return 0;  // float32 keeps consecutive rows, as measured
-  struct Entry { int64_t cols; int tpr, elem, spacing; };
+  struct Entry { int64_t cols; int tpr, spacing; };  // 16-bit alone gets here
   thread_local Entry seen[64] = {};
   thread_local int next = 0;
   for (const Entry& e : seen)
-    if (e.cols == cols && e.tpr == tpr && e.elem == elem) return e.spacing;
+    if (e.cols == cols && e.tpr == tpr) return e.spacing;
   const int slots = flat_per_lane(cols, tpr, elem);
   int best = 0;
   int64_t best_cost = -1;
@@ -182,7 +182,7 @@ int flat_spacing_log2(int64_t cols, int tpr, int elem) {
     }
     if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
   }
-  seen[next] = {cols, tpr, elem, best};
+  seen[next] = {cols, tpr, best};
   next = (next + 1) % 64;
   return best;
 }
