@@ -105,6 +105,22 @@ __device__ __forceinline__ ClassRows class_rows(int64_t rows, int period) {
 // spill), which fwd_regs, in powers of two, never holds.
 constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : (elements <= 48 ? 5 : 4); }
 
+// Slots (a lane's packs: slot i of lane l is pack i x kTpr + l of the window) that lie inside the
+// row whatever its lead and width: a row takes the fewest slots a lane that cover its window
+// (window_accesses: kNv, or 7 or 8 where kNv is 8), so the window's end is past slot kNv - 3's
+// packs (kNv - 4's where kNv is 8), and its lead (under a pack) before slot 1's. Those slots skip
+// the masks and the end tests: the bf16 kernel at 5 packs a lane (D = 1,023) 1,760 -> 1,488 SASS
+// instructions; H100, 16M elements, same machine twice: fwd_win_tpr32 1.03-1.06x at 1,023-2,041
+// 16-bit columns, tpr16 1.06-1.10x at 511-767, 0.95-0.99x at 767 for tpr32, not the best there
+// (bench/README.md, "The window forward's slots inside every row").
+// 16-bit only: float32's kernels at 6 and 8 packs a lane, under their cap of 64 registers, took
+// 44-48 bytes of spill without the tests (8 before).
+template <typename T, int kNv>
+__device__ __forceinline__ constexpr bool sure_window_slot(int i) {
+  constexpr int kFewest = kNv == 8 ? 7 : kNv;
+  return sizeof(T) == 2 && i >= 1 && i <= kFewest - 3;
+}
+
 template <typename T, int kTpr, int kNv>
 __global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T, 16>)) fwd_window_kernel(const FwdParams p, int period, bool vector) {
   extern __shared__ float4 fwd_smem[];
@@ -142,12 +158,13 @@ __global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T,
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int pos = (i * kTpr + lane) * kV;
-      raw[i] = valid && pos < end ? load_window_raw<T>(x, pos, lead, end, true) : zero_pack<T, 16>();
+      raw[i] = valid && (sure_window_slot<T, kNv>(i) || pos < end) ? load_window_raw<T>(x, pos, lead, end, true)
+                                                                  : zero_pack<T, 16>();
     }
     float val[kNv][kV];
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
-      mask_window(raw[i], (i * kTpr + lane) * kV, lead, end);
+      if (!sure_window_slot<T, kNv>(i)) mask_window(raw[i], (i * kTpr + lane) * kV, lead, end);
       unpack(raw[i], val[i]);
     }
     float sum = 0.f;
@@ -160,6 +177,14 @@ __global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T,
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int pos = (i * kTpr + lane) * kV;
+      if (sure_window_slot<T, kNv>(i)) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = val[i][k] - mean;
+          sq += d * d;
+        }
+        continue;
+      }
       if (pos >= end) continue;
       const bool whole = pos >= lead && pos + kV <= end;
 #pragma unroll
@@ -174,14 +199,15 @@ __global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T,
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int pos = (i * kTpr + lane) * kV;
-      if (pos >= end) continue;
+      if (!sure_window_slot<T, kNv>(i) && pos >= end) continue;
       float g[kV], b[kV], out[kV];
       unpack(load_pack<T, 16>(gw + pos), g);
       unpack(load_pack<T, 16>(bw + pos), b);
       // (x - mean) * rstd, not the fma x * rstd - mean * rstd: that cancels where |mean| >> std.
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = fmaf((val[i][k] - mean) * rstd, g[k], b[k]);
-      store_window<T>(y, pos, lead, end, vector, out);
+      if (sure_window_slot<T, kNv>(i) && vector) store_global16(y + pos, pack<T, 16>(out).raw);
+      else store_window<T>(y, pos, lead, end, vector, out);
     }
     if (lane == 0 && p.mean) {
       const int64_t row = cr.cls + v * period;

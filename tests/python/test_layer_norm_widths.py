@@ -334,6 +334,70 @@ def test_gpu_column_sums_at_every_row_step(dtype):
     assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
 
 
+# Widths that put each variant family's row loop on a row count of its own: the flat forward (33,
+# 63, 127, 255, 257), the row-register kernels (34, 100, 160, 512), the window ones (1,023), the
+# one-block and cluster wide ones (4,096, 12,288) and their window twins (4,097, 12,289); 1 and 7
+# for the smallest rows.
+ROW_WIDTHS = [1, 7, 33, 34, 63, 100, 127, 160, 255, 257, 512, 1023, 4096, 4097, 12288, 12289]
+
+
+def flat_tile_rows(cols, itemsize):
+    """The flat forward's rows a tile for each of its lane counts (flat_shape in
+    layer_norm_flat.cu: 16 KB of the row's elements, at least a block's 256 threads' row-groups, at
+    most 1,024)."""
+    return sorted({min(1024, max(256 // tpr, 16384 // (cols * itemsize))) for tpr in (4, 8, 16, 32)})
+
+
+def row_sweep(cols, itemsize):
+    """Row counts for one width: every count to 70 (past the forward row-register kernels' rows a
+    block, 128 / lanes x 2 at most 64, and the flat tile's row-groups, 64 at 4 lanes; the backward's
+    take 256 / lanes x 2, up to 128, whose boundary the powers of two cover), the counts around
+    1, 2 and 3 flat tiles, around powers of two to 1,024, and for wide rows the counts around the
+    persistent grids' rows a round on the 132 SMs of an H100 or H200 (124 clusters of 8 x 2
+    row-groups: 248, 62 of 16: 124; c1_ps at two blocks an SM: 264) and twice that; past 1,025 rows
+    only what keeps a case within about 4M elements."""
+    rows = set(range(1, 71))
+    if cols <= 512:
+        for t in flat_tile_rows(cols, itemsize):
+            for k in (1, 2, 3):
+                rows |= {k * t - 1, k * t, k * t + 1}
+    for e in range(7, 11):
+        rows |= {2 ** e - 1, 2 ** e, 2 ** e + 1}
+    if cols >= 4096:
+        rows |= set(range(120, 136)) | set(range(244, 269)) | {495, 496, 497, 527, 528, 529}
+    cap = max(8, (1 << 22) // cols)
+    return sorted(r for r in rows if r <= max(cap, 1025))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gpu_every_variant_at_every_row_count(dtype):
+    """Every variant that takes the row, and the built-in choice, at dense row counts (row_sweep):
+    the last tile, row-group, block or persistent round partly filled in every way the kernels' row
+    loops allow, where the width test has 1, 3, 257 and about 4M / D rows."""
+    variants = hfnn.layer_norm_variants()
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} row counts".encode()))
+    failures = []
+    for cols in ROW_WIDTHS:
+        failures += check_width(cols, dtype, variants, gen, rows_list=row_sweep(cols, dtype.itemsize))
+        if len(failures) > 200:
+            break
+    torch.cuda.synchronize()
+    assert not failures, f"{len(failures)} failures, first ones:\n" + "\n".join(failures[:40])
+
+
+def test_row_sweep_covers_every_boundary():
+    """The counts the row test runs: every count to 70, both sides of each flat tile (33 bf16
+    columns: 248 rows a tile at every lane count), of the powers of two, and of the persistent
+    rounds."""
+    rows = row_sweep(33, 2)
+    assert set(range(1, 71)) <= set(rows)
+    assert {247, 248, 249, 495, 496, 497, 743, 744, 745} <= set(rows)
+    assert {127, 128, 129, 1023, 1024, 1025} <= set(rows)
+    wide = row_sweep(12288, 2)
+    assert {247, 248, 249, 263, 264, 265} <= set(wide) and max(wide) <= 1025
+
+
 def test_wide_widths_cover_what_the_issue_asks():
     ws = set(WIDE)
     assert all(2 ** e in ws and 2 ** e - 1 in ws and 2 ** e + 1 in ws for e in range(11, 18))
