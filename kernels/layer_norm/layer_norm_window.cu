@@ -60,6 +60,8 @@ int window_accesses(int64_t cols, int vec, int tpr, bool wide = false) {
   if (need <= 8) return 8;
   return wide && need <= 10 ? static_cast<int>(need) : 0;
 }
+// The fewest packs a lane of the rows window_accesses gives `nv` (7 for 8, which also takes 7).
+constexpr int window_fewest(int nv) { return nv == 8 ? 7 : nv; }
 
 // The lead of the rows of residue class `cls` (header comment): row cls's.
 template <typename T>
@@ -107,8 +109,8 @@ constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : 
 
 // Slots (a lane's packs: slot i of lane l is pack i x kTpr + l of the window) that lie inside the
 // row whatever its lead and width: a row takes the fewest slots a lane that cover its window
-// (window_accesses: kNv, or 7 or 8 where kNv is 8), so the window's end is past slot kNv - 3's
-// packs (kNv - 4's where kNv is 8), and its lead (under a pack) before slot 1's. Those slots skip
+// (window_accesses; at least window_fewest(kNv)), so the window's end is past slot
+// window_fewest(kNv) - 3's packs, and its lead (under a pack) before slot 1's. Those slots skip
 // the masks and the end tests: the bf16 kernel at 5 packs a lane (D = 1,023) 1,760 -> 1,488 SASS
 // instructions; H100, 16M elements, same machine twice: fwd_win_tpr32 1.03-1.06x at 1,023-2,041
 // 16-bit columns, tpr16 1.06-1.10x at 511-767, 0.95-0.99x at 767 for tpr32, not the best there
@@ -117,8 +119,7 @@ constexpr int fwd_window_min_blocks(int elements) { return elements <= 32 ? 8 : 
 // 44-48 bytes of spill without the tests (8 before).
 template <typename T, int kNv>
 __device__ __forceinline__ constexpr bool sure_window_slot(int i) {
-  constexpr int kFewest = kNv == 8 ? 7 : kNv;
-  return sizeof(T) == 2 && i >= 1 && i <= kFewest - 3;
+  return sizeof(T) == 2 && i >= 1 && i <= window_fewest(kNv) - 3;
 }
 
 template <typename T, int kTpr, int kNv>
@@ -177,16 +178,8 @@ __global__ void __launch_bounds__(kFwdBlock, fwd_window_min_blocks(kNv * kVec<T,
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int pos = (i * kTpr + lane) * kV;
-      if (sure_window_slot<T, kNv>(i)) {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float d = val[i][k] - mean;
-          sq += d * d;
-        }
-        continue;
-      }
-      if (pos >= end) continue;
-      const bool whole = pos >= lead && pos + kV <= end;
+      if (!sure_window_slot<T, kNv>(i) && pos >= end) continue;
+      const bool whole = sure_window_slot<T, kNv>(i) || (pos >= lead && pos + kV <= end);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         const float d = val[i][k] - mean;

@@ -40,7 +40,8 @@ def wide_widths():
             near = int(round(w / m)) * m
             if near <= 262144:
                 ws |= {near, near + 1}
-    ws |= {1101, 1111, 1537, 2049, 3001, 4095, 5121, 6143, 9999, 12289, 20481, 25600, 32767, 49153, 65535, 99999,
+    # 1,901 and 2,041: 16-bit rows the window variants take at 8 packs a lane of tpr32, all 8 needed.
+    ws |= {1101, 1111, 1537, 1901, 2041, 2049, 3001, 4095, 5121, 6143, 9999, 12289, 20481, 25600, 32767, 49153, 65535, 99999,
            131071, 200001, 262143, 262144}
     # Rows aligned to 4 or 8 bytes only (16-bit D = 2 or 4 mod 8, float32 D = 2 mod 4): the widest
     # variants take them with narrower accesses.
@@ -335,10 +336,10 @@ def test_gpu_column_sums_at_every_row_step(dtype):
 
 
 # Widths that put each variant family's row loop on a row count of its own: the flat forward (33,
-# 63, 127, 255, 257), the row-register kernels (34, 100, 160, 512), the window ones (1,023), the
-# one-block and cluster wide ones (4,096, 12,288) and their window twins (4,097, 12,289); 1 and 7
-# for the smallest rows.
-ROW_WIDTHS = [1, 7, 33, 34, 63, 100, 127, 160, 255, 257, 512, 1023, 4096, 4097, 12288, 12289]
+# 63, 127, 255, 257), the row-register kernels (34, 100, 160, 512), the window ones (1,023 and
+# 2,041: 5 and 8 packs a lane at tpr32), the one-block and cluster wide ones (4,096, 12,288) and
+# their window twins (4,097, 12,289); 1 and 7 for the smallest rows.
+ROW_WIDTHS = [1, 7, 33, 34, 63, 100, 127, 160, 255, 257, 512, 1023, 2041, 4096, 4097, 12288, 12289]
 
 
 def flat_tile_rows(cols, itemsize):
