@@ -8,8 +8,10 @@
 #     variants are a third part (STAGE=3, GPU 0 alone). Each part merges on its own into the H200's
 #     committed sweep (--merge, as bench/layer_norm_sweep.py --help says), then --defaults.
 #   On H100s: the built-in choice against torch at the sweep's widths and between them on GPU 0
-#     (OUT/layer_norm_default-h100.json), and the GPU width test's narrow and unaligned cases on GPU 1.
-#   On one H200 (the nvidia-h200 kind), STAGE=1 runs the attention benchmark alone. H100_FALLBACK=0:
+#     (OUT/layer_norm_default-h100.json), and the GPU width test's narrow and unaligned cases on GPU 1
+#     where there is one.
+#   On one H200 (the nvidia-h200 kind), STAGE=1 runs the attention benchmark alone, STAGE=3 its part,
+#     STAGE=2 nothing (two GPUs' worth). H100_FALLBACK=0:
 #     on H100s nothing runs (the call costs its start only).
 # Build first, here: bash scripts/device_wheel.sh (carry .devbuild).
 #   bash bench/experiments/h200_x2_run.sh          STAGE=2 bash bench/experiments/h200_x2_run.sh
@@ -34,6 +36,7 @@ if [[ "$gpu" == *H200* && "$gpus" == 1 && "${STAGE:-1}" == 1 ]]; then  # one H20
   exit
 fi
 if [[ "$gpu" == *H200* ]]; then
+  if [[ "$gpus" == 1 && "${STAGE:-1}" == 2 ]]; then echo "STAGE=2 needs two GPUs: nothing run"; exit 1; fi
   case "${STAGE:-1}" in
     1)
       ( start=$SECONDS
@@ -50,7 +53,8 @@ if [[ "$gpu" == *H200* ]]; then
   exit
 fi
 if [[ "${H100_FALLBACK:-1}" == 0 ]]; then echo "not an H200: nothing run (H100_FALLBACK=0)"; exit 0; fi
-( CUDA_VISIBLE_DEVICES=1 timeout ${TEST_TIMEOUT:-500} python3 -m pytest tests/python/test_layer_norm_widths.py \
+# One H100: the check alone.
+(( gpus > 1 )) && ( CUDA_VISIBLE_DEVICES=1 timeout ${TEST_TIMEOUT:-500} python3 -m pytest tests/python/test_layer_norm_widths.py \
     -q -p no:cacheprovider -k "unaligned or 1-275 or 276-550" > "$OUT/widths.log" 2>&1
   echo "width test on GPU 1: exit $?: $(tail -1 "$OUT/widths.log")" ) &
 CUDA_VISIBLE_DEVICES=0 SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-500} bash scripts/device_run.sh default-check 2>&1 | tail -30
