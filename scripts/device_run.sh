@@ -4,7 +4,9 @@
 #   tests     C++ variant tests (gtest) and the Python tests, GPU ones included
 #   tests-quick  gtest and the LayerNorm and dispatch Python tests only (about 3 minutes less than
 #             tests; 11 minutes on an H100 on 2026-11-28, over one device call: use the two below)
-#   pytest-quick  the LayerNorm and dispatch Python tests alone (132 tests, 7 minutes on an H100)
+#   pytest-quick  the LayerNorm and dispatch Python tests alone (132 tests, 7 minutes on an H100 on
+#             2026-11-27, 8.6 on another the next day: near the call's limit; the two halves apart:
+#             pytest-ln, test_layer_norm.py; pytest-dispatch, test_dispatch.py, most of the time)
 #   gtest     the C++ tests alone (every variant against the float64 reference)
 #   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn
@@ -141,9 +143,14 @@ fi
 if want tests-quick; then
   "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED) |Failure" || true
 fi
-if want tests-quick || want pytest-quick; then
+quick_tests=()
+if want tests-quick || want pytest-quick; then quick_tests=(tests/python/test_layer_norm.py tests/python/test_dispatch.py)
+elif want pytest-ln; then quick_tests=(tests/python/test_layer_norm.py)
+elif want pytest-dispatch; then quick_tests=(tests/python/test_dispatch.py)
+fi
+if (( ${#quick_tests[@]} )); then
   # (faulthandler_timeout: a test that hangs prints every thread's stack instead of nothing)
-  timeout 540 python3 -m pytest tests/python/test_layer_norm.py tests/python/test_dispatch.py -q -p no:cacheprovider \
+  timeout 540 python3 -m pytest "${quick_tests[@]}" -q -p no:cacheprovider \
     --durations=10 -o faulthandler_timeout=150 2>&1 | tee "$OUT/pytest-quick.log" | tail -20; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want smoke; then
