@@ -411,15 +411,20 @@ std::string tune_text(const nlohmann::json& summary) {
 namespace {
 
 // RFC 4180: a field with a comma, quote or newline is quoted, quotes doubled. Floats are written
-// as the shortest text that reads back as the same double (fmt's {}), as Python's repr and
-// json.dumps write them: nlohmann's dump does not always find the shortest (0.328236 comes out as
-// 0.32823600000000003, the same double).
+// as the shortest text that reads back as the same double (fmt's {}, with ".0" on a whole number),
+// as Python's repr and json.dumps write them: nlohmann's dump does not always find the shortest
+// (0.328236 comes out as 0.32823600000000003, the same double).
 std::string csv_field(const nlohmann::json& v) {
   std::string s;
   if (v.is_null()) return s;
   if (v.is_string()) s = v.get<std::string>();
   else if (v.is_boolean()) s = v.get<bool>() ? "1" : "0";
-  else if (v.is_number_float()) s = std::isfinite(v.get<double>()) ? fmt::format("{}", v.get<double>()) : std::string();
+  else if (v.is_number_float()) {
+    if (std::isfinite(v.get<double>())) {
+      s = fmt::format("{}", v.get<double>());
+      if (s.find_first_of(".e") == std::string::npos) s += ".0";  // 2.0 as Python writes it, not 2
+    }
+  }
   else s = v.dump();
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string q = "\"";

@@ -144,10 +144,8 @@ if want tests-quick; then
   "$tests_bin" --gtest_color=no 2>&1 | tee "$OUT/gtest.log" | grep -E "^\[  (PASSED|FAILED) |Failure" || true
 fi
 quick_tests=()
-if want tests-quick || want pytest-quick; then quick_tests=(tests/python/test_layer_norm.py tests/python/test_dispatch.py)
-elif want pytest-ln; then quick_tests=(tests/python/test_layer_norm.py)
-elif want pytest-dispatch; then quick_tests=(tests/python/test_dispatch.py)
-fi
+if want tests-quick || want pytest-quick || want pytest-ln; then quick_tests+=(tests/python/test_layer_norm.py); fi
+if want tests-quick || want pytest-quick || want pytest-dispatch; then quick_tests+=(tests/python/test_dispatch.py); fi
 if (( ${#quick_tests[@]} )); then
   # (faulthandler_timeout: a test that hangs prints every thread's stack instead of nothing)
   timeout 540 python3 -m pytest "${quick_tests[@]}" -q -p no:cacheprovider \
