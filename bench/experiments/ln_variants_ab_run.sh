@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A LayerNorm kernel change against HEAD on one H100, one device call:
 #   1. the GPU width test's cases of widths 1 to 550 and unaligned pointers (every variant that says
-#      yes against float64; LN_AB_TESTS=0 skips it)
+#      yes against float64; LN_AB_TESTS=0 skips it; LN_AB_TEST_K another -k selection, e.g.
+#      "wide or row_count" for the wide variants, 46 tests in about 190 s on an H100)
 #   2. HEAD's library against this build's (device_ab.sh: base, new, base2, new2) for the variants
 #      LN_AB_VARIANTS (globs) at LN_AB_WIDTHS, 16M elements, LN_AB_DTYPES
 # Build first, here: bash scripts/device_wheel.sh --baseline (carry .devbuild; the layer_norm_*.json
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/../.."
 source bench/experiments/device_start.sh
 if [[ "${LN_AB_TESTS:-1}" == 1 ]]; then
   timeout ${TEST_TIMEOUT:-280} python3 -m pytest tests/python/test_layer_norm_widths.py -q -p no:cacheprovider -x \
-    -k "unaligned or 1-275 or 276-550" 2>&1 | tail -8
+    -k "${LN_AB_TEST_K:-unaligned or 1-275 or 276-550}" 2>&1 | tail -8
 fi
 set -f  # the variants are globs for the sweep, not for the shell
 variants=$(for v in $LN_AB_VARIANTS; do printf "'%s' " "$v"; done)
