@@ -420,12 +420,11 @@ std::string csv_field(const nlohmann::json& v) {
   if (v.is_string()) s = v.get<std::string>();
   else if (v.is_boolean()) s = v.get<bool>() ? "1" : "0";
   else if (v.is_number_float()) {
-    if (std::isfinite(v.get<double>())) {
-      s = fmt::format("{}", v.get<double>());
-      if (s.find_first_of(".e") == std::string::npos) s += ".0";  // 2.0 as Python writes it, not 2
-    }
-  }
-  else s = v.dump();
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) return s;
+    s = fmt::format("{}", d);
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";  // 2.0 as Python writes it, not 2
+  } else s = v.dump();
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);

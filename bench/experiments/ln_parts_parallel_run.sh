@@ -14,8 +14,10 @@
 # Build first, here: bash scripts/device_wheel.sh (carry .devbuild).
 #   LN_PARTS: "name:glob,glob name:glob ..." (default: the H200's stale set, every variant but the
 #   block ones: the wide backward; the wide forward and the column sums; the narrow and window
-#   variants; the row-register variants). Where the parts leave a GPU free, the GPU width test's
-#   cases of widths 1 to 550 and unaligned pointers run on it (OUT/widths.log; LN_TESTS=0: not).
+#   variants; the row-register variants). Where the parts leave a GPU free, LN_BESIDE runs on it:
+#   widths (the default), the GPU width test's cases of widths 1 to 550 and unaligned pointers
+#   (OUT/widths.log); mha, issue 11's bench/mha.py (OUT/mha-<gpu>.json, .log); none (LN_TESTS=0 too).
+#   The exit status is non-zero when a part or that job fails.
 #   LN_WIDTHS: the sweep's --widths (default: sweep; the committed sweeps also hold 63 and 257).
 #   bash bench/experiments/ln_parts_parallel_run.sh
 #   STAGE=refresh bash bench/experiments/ln_parts_parallel_run.sh
@@ -44,14 +46,27 @@ set -f  # the variants are globs for the sweep, not for the shell
 gpus=$(nvidia-smi -L | wc -l)
 parts=(${LN_PARTS:-bwd_wide:bwd_wide* fwd_wide:fwd_wide*,bwd_block*_cols narrow:fwd_flat_*,fwd_win_*,bwd_win_*,fwd_block,bwd_block_win regs:fwd_regs_*,bwd_regs_*})
 echo "$gpu x $gpus: ${#parts[@]} parts"
-# A GPU no part needs runs the GPU width test's cases of widths 1 to 550 and unaligned pointers.
-if (( ${#parts[@]} < gpus )) && [[ "${LN_TESTS:-1}" == 1 ]]; then
-  ( CUDA_VISIBLE_DEVICES=${#parts[@]} timeout ${TEST_TIMEOUT:-540} python3 -m pytest tests/python/test_layer_norm_widths.py \
-      -q -p no:cacheprovider -x -k "unaligned or 1-275 or 276-550" > "$OUT/widths.log" 2>&1
-    echo "width test on GPU ${#parts[@]}: exit $?: $(tail -1 "$OUT/widths.log")" ) &
+beside=${LN_BESIDE:-widths}
+[[ "${LN_TESTS:-1}" == 1 ]] || beside=none
+jobs_run=()
+# A GPU no part needs runs LN_BESIDE.
+if (( ${#parts[@]} < gpus )) && [[ "$beside" != none ]]; then
+  free=${#parts[@]}
+  ( start=$SECONDS
+    if [[ "$beside" == mha ]]; then
+      CUDA_VISIBLE_DEVICES=$free timeout ${MHA_TIMEOUT:-520} python3 bench/mha.py --out "$OUT/mha-$tag.json" > "$OUT/mha.log" 2>&1
+      rc=$?; echo "mha on GPU $free: exit $rc, $((SECONDS - start)) s"; tail -40 "$OUT/mha.log"
+    else
+      CUDA_VISIBLE_DEVICES=$free timeout ${TEST_TIMEOUT:-540} python3 -m pytest tests/python/test_layer_norm_widths.py \
+        -q -p no:cacheprovider -x -k "unaligned or 1-275 or 276-550" > "$OUT/widths.log" 2>&1
+      rc=$?; echo "width test on GPU $free: exit $rc: $(tail -1 "$OUT/widths.log")"
+    fi
+    exit $rc ) &
+  jobs_run+=($!)
 fi
 for ((g = 0; g < gpus && g < ${#parts[@]}; ++g)); do
   (
+    failed=0
     for ((i = g; i < ${#parts[@]}; i += gpus)); do
       name=${parts[i]%%:*}
       variants=$(echo "${parts[i]#*:}" | tr ',' ' ')
@@ -61,7 +76,12 @@ for ((g = 0; g < gpus && g < ${#parts[@]}; ++g)); do
         > "$OUT/$tag-$name.log" 2>&1
       rc=$?
       echo "part $name ($variants) on GPU $g: exit $rc, $((SECONDS - start)) s, $(grep -c FAILED "$OUT/$tag-$name.log") FAILED lines"
+      (( rc == 0 )) || failed=1
     done
+    exit $failed
   ) &
+  jobs_run+=($!)
 done
-wait
+status=0
+for pid in "${jobs_run[@]}"; do wait "$pid" || status=1; done
+exit $status
