@@ -1,6 +1,6 @@
 // The LayerNorm forward for narrow rows at any alignment, moved through flat tiles in shared memory.
 //
-//   fwd_flat_tpr{4,8,16,32}
+//   fwd_flat_tpr{4,8,16,32,64,128}
 //     A block takes a TILE of consecutive rows, which are one span of memory whatever the rows'
 //     width: it is copied in 16-byte packs into shared memory (cp.async, the next tile in flight
 //     while this one is computed), the rows are computed there (kTpr threads a row, a lane's
@@ -29,7 +29,10 @@
 //     copy bandwidth, 127 74% -> 79% (bench/README.md, "Slots inside every row without a column
 //     test"). Rows of up to
 //     16 x kTpr columns (1 to 16 elements a lane, in 16-bit each count its own instantiation; 512
-//     columns at kTpr 32), any dtype, any element-aligned pointers. The same design for the backward (x and
+//     columns at kTpr 32), any dtype, any element-aligned pointers. kTpr 64 and 128: a row-group of
+//     2 or 4 warps, their sums met in shared memory, for rows of 5 to 16 elements a lane (257 to
+//     1,024 and 513 to 2,048 columns), where the window forward was at 63-71% of copy bandwidth in
+//     16-bit (1,023 to 2,041 columns, H100). The same design for the backward (x and
 //     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
 //     bandwidth, below the *_regs and window backward at every width it takes.
 #include <algorithm>
@@ -47,6 +50,10 @@ constexpr int kFlatBlock = 256;
 constexpr int kFlatTileBytes = 16 * 1024;
 constexpr int64_t kFlatMaxTileRows = 1024;
 constexpr int kFlatMaxPerLane = 16;
+// Row-groups of several warps (kTpr 64 and 128) take rows of more than 4 elements a lane (8 in
+// float32, powers of two there) and up to 16: rows the warp-wide groups hold at more elements a
+// lane, or not at all (1,024 and 2,048 columns), with fewer instantiations than every count.
+constexpr int flat_min_per_lane(int tpr, bool pow2) { return tpr <= 32 ? 1 : (pow2 ? 8 : 5); }
 
 // Elements a lane holds of a row, 0 where more than 16: in 16-bit exactly what covers it (every
 // count has its instantiation, kE), in float32 the smallest power of two that does. A lane's slots
@@ -58,10 +65,12 @@ constexpr int kFlatMaxPerLane = 16;
 int flat_per_lane(int64_t cols, int tpr, int elem) {
   const int64_t need = (cols + tpr - 1) / tpr;
   if (need > kFlatMaxPerLane) return 0;
-  if (elem == 2) return static_cast<int>(need);
-  int e = 1;
-  while (e < need) e *= 2;
-  return e;
+  int e = static_cast<int>(need);
+  if (elem != 2) {
+    e = 1;
+    while (e < need) e *= 2;
+  }
+  return e >= flat_min_per_lane(tpr, elem != 2) ? e : 0;
 }
 
 struct FlatShape {
@@ -150,7 +159,7 @@ struct Tile {
 // integer operations (0.1-0.3 ms), so the last 64 shapes a thread saw are remembered.
 int flat_spacing_log2(int64_t cols, int tpr, int elem) {
   const int groups = 32 / tpr;
-  if (groups == 1 || elem != 2) return 0;  // float32 keeps consecutive rows, as measured
+  if (groups <= 1 || elem != 2) return 0;  // a warp (or more) a row-group: nothing to space  // float32 keeps consecutive rows, as measured
   struct Entry { int64_t cols; int tpr, spacing; };  // 16-bit alone gets here
   thread_local Entry seen[64] = {};
   thread_local int next = 0;
@@ -196,14 +205,23 @@ std::size_t flat_fwd_smem(const FlatShape& s, int elem) {
 // Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) up to 8, 2 above.
 constexpr int fwd_flat_min_blocks(int e) { return e <= 4 ? 4 : (e <= 8 ? 3 : 2); }
 
+// The named barrier of a row-group of several warps (1 + its index: 0 is __syncthreads').
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // spacing_log2: a warp's row-groups take rows 2^s apart (s = 0: consecutive rows), so that their
 // rows' shared-memory words fall on different banks (flat_spacing_log2).
+// kTpr 64 or 128: a row-group of 2 or 4 warps, their sums met in shared memory behind the group's
+// own named barrier (the groups run their rows apart).
 template <typename T, int kTpr, int kE>
 __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
     fwd_flat_kernel(const FwdParams p, int64_t tile_rows, int64_t tiles, int buf_elems, int spacing_log2) {
   extern __shared__ float4 flat_smem[];
   constexpr int kGroups = kFlatBlock / kTpr;
-  constexpr int kGroupsPerWarp = 32 / kTpr;
+  constexpr bool kWarps = kTpr > 32;
+  constexpr int kGroupsPerWarp = kWarps ? 1 : 32 / kTpr;
+  constexpr int kWarpsPerGroup = kWarps ? kTpr / 32 : 1;
   // A lane's slots j < kSure are inside every row (sure_slots): no column test. float32 keeps the
   // tests (and consecutive rows: flat_spacing_log2), as measured faster there (0.98-0.99x without).
   constexpr int kSure = sizeof(T) == 2 ? sure_slots(kE, true) : 0;
@@ -219,9 +237,28 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
   // The warps fall into chunks of 2^s; a chunk takes kGroupsPerWarp x 2^s consecutive rows of each
   // kGroups, its warp w the rows at w mod 2^s, every 2^s: a bijection onto the kGroups rows.
   const int spacing = 1 << spacing_log2;
-  const int warp_first = (warp >> spacing_log2) * (kGroupsPerWarp << spacing_log2) + (warp & (spacing - 1));
+  const int warp_first = kWarps ? warp / kWarpsPerGroup
+                                : (warp >> spacing_log2) * (kGroupsPerWarp << spacing_log2) + (warp & (spacing - 1));
   const int group_offset = group_in_warp << spacing_log2;
   auto inside = [&](int j) { return j < kSure || lane + j * kTpr < cols; };
+  // A row's total over its group: shuffles within a warp, then (kWarps) the warps' partials through
+  // shared memory, one array for the sums and one for the squares. One barrier a total is enough: a
+  // warp writes a sum again only after passing the squares' barrier, which its group's other warps
+  // reach once they have read the sums (and the same for the squares, a row later).
+  __shared__ float partials[2][kWarps ? kFlatBlock / 32 : 1];
+  auto row_total = [&](float v, int which) -> float {
+    if constexpr (!kWarps) {
+      return group_sum<kTpr>(v);
+    } else {
+      v = group_sum<32>(v);
+      if (threadIdx.x % 32 == 0) partials[which][warp] = v;
+      group_barrier(1 + warp_first, kTpr);
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerGroup; ++w) t += partials[which][warp_first * kWarpsPerGroup + w];
+      return t;
+    }
+  };
   const T* __restrict__ x = static_cast<const T*>(p.x);
   T* __restrict__ y = static_cast<T*>(p.y);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
@@ -268,14 +305,14 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
         v[j] = inside(j) ? to_float(row[lane + j * kTpr]) : 0.f;
         sum += v[j];
       }
-      const float mean = group_sum<kTpr>(sum) * inv_cols;
+      const float mean = row_total(sum, 0) * inv_cols;
       float sq = 0.f;
 #pragma unroll
       for (int j = 0; j < kE; ++j) {
         const float d = inside(j) ? v[j] - mean : 0.f;
         sq += d * d;
       }
-      const float rstd = rsqrtf(group_sum<kTpr>(sq) * inv_cols + p.eps);
+      const float rstd = rsqrtf(row_total(sq, 1) * inv_cols + p.eps);
       if (!valid) continue;
 #pragma unroll
       for (int j = 0; j < kE; ++j) {
@@ -301,10 +338,10 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
 
 // ---- host ------------------------------------------------------------------------------------------
 
-// Calls f.template operator()<kE>() for e in 1 .. kFlatMaxPerLane, or with kPow2 for e a power of
+// Calls f.template operator()<kE>() for e in kE .. kFlatMaxPerLane, or with kPow2 for e a power of
 // two (16 for any other e: never reached, the callers check flat_rows_ok first). kPow2 (float32)
 // instantiates the powers of two alone.
-template <bool kPow2, int kE = 1, typename F>
+template <bool kPow2, int kE, typename F>
 auto with_per_lane(int e, F&& f) {
   if constexpr (kE < kFlatMaxPerLane) {
     if (e != kE) return with_per_lane<kPow2, kPow2 ? 2 * kE : kE + 1>(e, f);
@@ -318,7 +355,8 @@ template <int kTpr, typename F>
 auto dispatch_flat(DType dtype, int64_t cols, F&& f) {
   const int e = flat_per_lane(cols, kTpr, static_cast<int>(dtype_size(dtype)));
   return dispatch_dtype(dtype, [&]<typename T>() {
-    return with_per_lane<sizeof(T) != 2>(e, [&]<int kE>() { return f.template operator()<T, kE>(); });
+    constexpr bool kPow2 = sizeof(T) != 2;
+    return with_per_lane<kPow2, flat_min_per_lane(kTpr, kPow2)>(e, [&]<int kE>() { return f.template operator()<T, kE>(); });
   });
 }
 
@@ -377,6 +415,8 @@ HFNN_FLAT(4)
 HFNN_FLAT(8)
 HFNN_FLAT(16)
 HFNN_FLAT(32)
+HFNN_FLAT(64)
+HFNN_FLAT(128)
 #undef HFNN_FLAT
 
 }  // namespace hfnn::kernels::layer_norm

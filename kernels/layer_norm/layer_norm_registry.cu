@@ -152,6 +152,8 @@ constexpr std::array kFwd = {
     fwd_flat<8>("fwd_flat_tpr8"),
     fwd_flat<16>("fwd_flat_tpr16"),
     fwd_flat<32>("fwd_flat_tpr32"),
+    fwd_flat<64>("fwd_flat_tpr64"),
+    fwd_flat<128>("fwd_flat_tpr128"),
 };
 
 constexpr std::array kBwd = {

@@ -8,6 +8,7 @@ storage (rows aligned to less than 16 bytes). One test per dtype and range of wi
 case and reports every mismatch at once. On a machine without a GPU they skip with the reason.
 """
 import ast
+import fnmatch
 import math
 import os
 import zlib
@@ -50,6 +51,19 @@ def wide_widths():
 
 
 WIDE = wide_widths()
+# Globs (space-separated) of the variants the width and row-count tests check, where set: a kernel
+# change's own cases on the GPU machine in a fraction of the time, e.g. LN_TEST_VARIANTS='fwd_flat_*'.
+# The built-in choice runs either way; the check that some variant takes every case only without it.
+VARIANT_GLOBS = os.environ.get("LN_TEST_VARIANTS", "").split()
+
+
+def variants_under_test():
+    """hfnn.layer_norm_variants(), or those LN_TEST_VARIANTS names where it is set."""
+    variants = hfnn.layer_norm_variants()
+    if not VARIANT_GLOBS:
+        return variants
+    return {p: [v for v in names if any(fnmatch.fnmatchcase(v, g) for g in VARIANT_GLOBS)]
+            for p, names in variants.items()}
 RANGES = {"1-275": range(1, 276), "276-550": range(276, 551), "551-825": range(551, 826),
           "826-1100": range(826, 1101), "wide-a": WIDE[: len(WIDE) // 2], "wide-b": WIDE[len(WIDE) // 2:]}
 
@@ -128,7 +142,7 @@ def check_width(cols, dtype, variants, gen, rows_list=None, offset=0):
                         if r is not None]
                 if errs[0] > tol or any(e > tol + 1e-5 for e in errs[1:]):
                     failures.append(f"{where} {v}: errors dx/dgamma/dbeta {', '.join(f'{e:.2e}' for e in errs)}")
-            if not ran["fwd"] or not ran["bwd"]:
+            if not VARIANT_GLOBS and (not ran["fwd"] or not ran["bwd"]):
                 failures.append(f"{where}: no variant takes it ({ran})")
             # The built-in choice, through the autograd op (what hfnn.nn.LayerNorm runs).
             leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b)]
@@ -149,7 +163,7 @@ def check_width(cols, dtype, variants, gen, rows_list=None, offset=0):
 @pytest.mark.parametrize("widths", list(RANGES), ids=list(RANGES))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_gpu_every_variant_at_every_width(dtype, widths):
-    variants = hfnn.layer_norm_variants()
+    variants = variants_under_test()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} {widths}".encode()))
     failures = []
     for cols in RANGES[widths]:
@@ -172,9 +186,10 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
     packs (the backward's dx to 2,048, with its sums to 1,024) and to no 16-byte row, and
     bwd_block_win to exactly the rows
     aligned to one element, and the flat forward to every row of up to 16 elements a lane (512
-    columns at tpr32, 64 at tpr4) and no wider one. x and dy sit at the offset and dx is
+    columns at tpr32, 64 at tpr4, 2,048 at tpr128) and no wider one, at tpr64 and tpr128 of more
+    than 4 elements a lane. x and dy sit at the offset and dx is
     fresh, so the window variants' element-at-a-time path for tensors of another lead runs here."""
-    variants = hfnn.layer_norm_variants()
+    variants = variants_under_test()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} offsets".encode()))
     failures = []
     widths = [1, 2, 3, 5, 7, 8, 16, 31, 32, 33, 64, 100, 127, 128, 255, 256, 257, 500, 512, 1000, 1024, 1025, 4096,
@@ -222,13 +237,14 @@ def test_gpu_every_variant_at_unaligned_pointers(dtype):
             elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, "fwd_wide_win_c1"):
                 failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: fwd_wide_win_c1 takes a 16-byte row")
             # The flat forward takes every row of up to 16 elements a lane, at any alignment, and
-            # no wider one.
-            for tpr in (4, 32):
-                for v in (f"fwd_flat_tpr{tpr}",):
-                    if cols <= 16 * tpr:
-                        takers += (v,)
-                    elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, v):
-                        failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: {v} takes {cols} columns")
+            # no wider one; its row-groups of several warps (64 and 128 lanes) no row of 4 elements
+            # a lane or fewer either.
+            for tpr in FLAT_TPRS:
+                v = f"fwd_flat_tpr{tpr}"
+                if flat_takes(cols, tpr):
+                    takers += (v,)
+                elif torch.ops.hfnn.layer_norm_supports(x, [cols], w, w, v):
+                    failures.append(f"D={cols} offset {offset} {str(dtype)[6:]}: {v} takes {cols} columns")
             # bwd_block_win takes exactly the rows aligned to one element (odd widths, odd offsets);
             # wider-aligned rows are bwd_block's.
             element_only = cols % 2 == 1 or offset % 2 == 1
@@ -336,17 +352,27 @@ def test_gpu_column_sums_at_every_row_step(dtype):
 
 
 # Widths that put each variant family's row loop on a row count of its own: the flat forward (33,
-# 63, 127, 255, 257), the row-register kernels (34, 100, 160, 512), the window ones (1,023 and
+# 63, 127, 255, 257; 257 to 2,041 in row-groups of several warps), the row-register kernels (34, 100, 160, 512), the window ones (1,023 and
 # 2,041: 5 and 8 packs a lane at tpr32), the one-block and cluster wide ones (4,096, 12,288) and
 # their window twins (4,097, 12,289); 1 and 7 for the smallest rows.
 ROW_WIDTHS = [1, 7, 33, 34, 63, 100, 127, 160, 255, 257, 512, 1023, 2041, 4096, 4097, 12288, 12289]
 
 
+FLAT_TPRS = (4, 8, 16, 32, 64, 128)
+
+
+def flat_takes(cols, tpr):
+    """Whether fwd_flat_tpr<tpr> takes rows of `cols` columns (flat_per_lane in layer_norm_flat.cu):
+    up to 16 elements a lane, and with row-groups of several warps more than 4."""
+    return cols <= 16 * tpr and (tpr <= 32 or cols > 4 * tpr)
+
+
 def flat_tile_rows(cols, itemsize):
-    """The flat forward's rows a tile for each of its lane counts (flat_shape in
-    layer_norm_flat.cu: 16 KB of the row's elements, at least a block's 256 threads' row-groups, at
-    most 1,024)."""
-    return sorted({min(1024, max(256 // tpr, 16384 // (cols * itemsize))) for tpr in (4, 8, 16, 32)})
+    """The flat forward's rows a tile for each of its lane counts that takes the width (flat_shape
+    in layer_norm_flat.cu: 16 KB of the row's elements, at least a block's 256 threads' row-groups,
+    at most 1,024)."""
+    return sorted({min(1024, max(256 // tpr, 16384 // (cols * itemsize))) for tpr in FLAT_TPRS
+                   if flat_takes(cols, tpr)})
 
 
 def row_sweep(cols, itemsize):
@@ -358,7 +384,7 @@ def row_sweep(cols, itemsize):
     row-groups: 248, 62 of 16: 124; c1_ps at two blocks an SM: 264) and twice that; past 1,025 rows
     only what keeps a case within about 4M elements."""
     rows = set(range(1, 71))
-    if cols <= 512:
+    if cols <= 16 * max(FLAT_TPRS):
         for t in flat_tile_rows(cols, itemsize):
             for k in (1, 2, 3):
                 rows |= {k * t - 1, k * t, k * t + 1}
@@ -376,7 +402,7 @@ def test_gpu_every_variant_at_every_row_count(dtype):
     """Every variant that takes the row, and the built-in choice, at dense row counts (row_sweep):
     the last tile, row-group, block or persistent round partly filled in every way the kernels' row
     loops allow, where the width test has 1, 3, 257 and about 4M / D rows."""
-    variants = hfnn.layer_norm_variants()
+    variants = variants_under_test()
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{dtype} row counts".encode()))
     failures = []
     for cols in ROW_WIDTHS:
@@ -395,6 +421,7 @@ def test_row_sweep_covers_every_boundary():
     assert set(range(1, 71)) <= set(rows)
     assert {247, 248, 249, 495, 496, 497, 743, 744, 745} <= set(rows)
     assert {127, 128, 129, 1023, 1024, 1025} <= set(rows)
+    assert {30, 31, 32, 61, 62, 63, 92, 93, 94} <= set(row_sweep(257, 2))  # tpr64: 31 rows a tile
     wide = row_sweep(12288, 2)
     assert {247, 248, 249, 263, 264, 265} <= set(wide) and max(wide) <= 1025
 
