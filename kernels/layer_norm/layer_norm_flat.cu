@@ -2,10 +2,11 @@
 //
 //   fwd_flat_tpr{4,8,16,32,64,128}
 //     A block takes a TILE of consecutive rows, which are one span of memory whatever the rows'
-//     width: it is copied in 16-byte packs into shared memory (cp.async, the next tile in flight
-//     while this one is computed), the rows are computed there (kTpr threads a row, a lane's
-//     elements in registers, as fwd_regs), y is written over x in place and leaves in 16-byte
-//     stores, an element at a time only in the tile's first and last packs (shared with the
+//     width: it is copied into shared memory (on Hopper one bulk copy, cp.async.bulk, by one
+//     thread; before, cp.async in 16-byte packs), the next tile in flight while this one is
+//     computed, the rows are computed there (kTpr threads a row, a lane's elements in registers,
+//     as fwd_regs), y is written over x in place and leaves in whole packs (on Hopper one bulk
+//     copy), an element at a time only in the tile's first and last packs (shared with the
 //     neighbouring tiles). The *_regs and window variants move each row on its own: a row of 33
 //     16-bit columns (66 bytes, 8 leads) is 2-byte accesses there (8x the instructions, 1/8 of the
 //     bytes an access), or a window of 5-6 packs whose two ends are written an element at a time;
@@ -36,6 +37,8 @@
 //     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
 //     bandwidth, below the *_regs and window backward at every width it takes.
 #include <algorithm>
+
+#include <cuda/ptx>
 
 #include "kernels/common/device.cuh"
 #include "kernels/layer_norm/layer_norm_variants.h"
@@ -105,6 +108,54 @@ __device__ __forceinline__ void issue_tile(T* buf, const T* src, int64_t e0, int
   for (int k = threadIdx.x; k < packs; k += kFlatBlock) async_copy16(buf + k * kV, first + k * kV);
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Hopper: a tile moves in one bulk copy each way (cp.async.bulk, the tensor memory accelerator's
+// 1-D form) issued by one thread, where cp.async took a copy instruction a pack from every thread
+// and the stores a load and a store a pack: with the per-pack address arithmetic, 35% of the
+// kernel's instructions at 1,023 bf16 columns (Nsight Compute's source page, H100).
+#define HFNN_FLAT_BULK 1
+
+// issue_tile's bytes as one bulk copy, counted on `bar` (its expected bytes set here): one thread.
+template <typename T>
+__device__ __forceinline__ void issue_tile_bulk(T* buf, const T* src, int64_t e0, int n, uint64_t* bar) {
+  constexpr int kV = kVec<T, 16>;
+  const int off = row_lead<T>(src, e0);
+  const uint32_t bytes = static_cast<uint32_t>((off + n + kV - 1) / kV) * 16u;
+  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             bar, bytes);
+  // (The .shared::cluster form, PTX ISA 8.0: this block's own address in it; .shared::cta needs 8.6.)
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, buf, src + e0 - off, bytes, bar);
+}
+
+// store_tile where out's lead is buf's: the whole packs inside [e0, e0 + n) as one bulk copy
+// issued by thread 0 (committed as a bulk group: it waits for it before the buffer is refilled), the
+// first and last packs an element at a time by the other threads where they hold elements outside
+// the range. Every thread's writes of buf are before a fence.proxy.async and a barrier.
+template <typename T>
+__device__ __forceinline__ void store_tile_bulk(T* out, int64_t e0, int n, const T* buf, int off) {
+  constexpr int kV = kVec<T, 16>;
+  T* first = out + e0 - off;
+  const int packs = (off + n + kV - 1) / kV;
+  const int k0 = off ? 1 : 0;                                  // the first whole pack
+  const int k1 = (off + n) % kV ? packs - 1 : packs;           // past the last
+  if (threadIdx.x == 0) {
+    if (k1 > k0) {
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, first + k0 * kV, buf + k0 * kV,
+                               static_cast<uint32_t>(k1 - k0) * 16u);
+    }
+    cuda::ptx::cp_async_bulk_commit_group();
+  }
+  // The end packs (at most two), an element a thread.
+  const int t = static_cast<int>(threadIdx.x) - 32;  // warps 1 on: warp 0 holds the bulk copy's thread
+  if (t >= 0 && t < 2 * kV) {
+    const int k = t < kV ? 0 : packs - 1;
+    const bool partial = t < kV ? off != 0 : (off + n) % kV != 0;
+    const int e = k * kV + t % kV - off;  // the element, relative to e0
+    if (partial && (t < kV || packs > 1 || off == 0) && e >= 0 && e < n) first[k * kV + t % kV] = buf[k * kV + t % kV];
+  }
+}
+#endif
+
 // Elements [e0, e0 + n) of out from buf (element e at buf[e - e0 + src_off]): whole 16-byte packs,
 // the first and last an element at a time where they hold elements outside the range (the
 // neighbouring tiles', written by other blocks).
@@ -159,7 +210,8 @@ struct Tile {
 // integer operations (0.1-0.3 ms), so the last 64 shapes a thread saw are remembered.
 int flat_spacing_log2(int64_t cols, int tpr, int elem) {
   const int groups = 32 / tpr;
-  if (groups <= 1 || elem != 2) return 0;  // a warp (or more) a row-group: nothing to space  // float32 keeps consecutive rows, as measured
+  // float32 keeps consecutive rows, as measured; a row-group of a warp or more has nothing to space.
+  if (groups <= 1 || elem != 2) return 0;
   struct Entry { int64_t cols; int tpr, spacing; };  // 16-bit alone gets here
   thread_local Entry seen[64] = {};
   thread_local int next = 0;
@@ -197,9 +249,10 @@ int flat_spacing_log2(int64_t cols, int tpr, int elem) {
 }
 
 // Dynamic shared memory: two tile buffers (the tile being computed and the next one arriving), then
-// the tile's means and rstds.
+// the tile's means and rstds, then (Hopper's bulk copies) a buffer's mbarrier each.
 std::size_t flat_fwd_smem(const FlatShape& s, int elem) {
-  return 2 * static_cast<std::size_t>(s.buf) * elem + 2 * static_cast<std::size_t>(s.tile_rows) * sizeof(float);
+  return 2 * static_cast<std::size_t>(s.buf) * elem + 2 * static_cast<std::size_t>(s.tile_rows) * sizeof(float) +
+         2 * sizeof(uint64_t);
 }
 
 // Registers: 4 blocks an SM (64) up to 4 elements a lane, 3 (80) up to 8, 2 above.
@@ -263,14 +316,31 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
   T* __restrict__ y = static_cast<T*>(p.y);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
+#ifdef HFNN_FLAT_BULK
+  // A buffer's mbarrier counts its tile's bytes; the k-th tile into it completes phase k.
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(stats + 2 * tile_rows);
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(bars, 1);
+    cuda::ptx::mbarrier_init(bars + 1, 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+#endif
   wait_for_previous_grid();
   allow_next_grid();
   int64_t tile = blockIdx.x;
+#ifdef HFNN_FLAT_BULK
+  if (tile < tiles && threadIdx.x == 0) {
+    const Tile t(tile, tile_rows, p.rows, cols);
+    issue_tile_bulk(bufs, x, t.e0, t.n, bars);
+  }
+#else
   if (tile < tiles) {
     const Tile t(tile, tile_rows, p.rows, cols);
     issue_tile(bufs, x, t.e0, t.n);
   }
   async_commit();
+#endif
   // A lane's columns are the same in every row: gamma and beta in registers, read once.
   float gr[kE], br[kE];
 #pragma unroll
@@ -281,6 +351,17 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
   }
   for (int it = 0; tile < tiles; tile += gridDim.x, ++it) {
     T* const buf = bufs + (it & 1) * buf_elems;
+#ifdef HFNN_FLAT_BULK
+    // The next tile into the other buffer, whose last tile's bulk store has read it (the rest of
+    // its readers were done at the last iteration's final barrier).
+    if (threadIdx.x == 0 && tile + gridDim.x < tiles) {
+      const Tile t(tile + gridDim.x, tile_rows, p.rows, cols);
+      cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>());
+      issue_tile_bulk(bufs + ((it + 1) & 1) * buf_elems, x, t.e0, t.n, bars + ((it + 1) & 1));
+    }
+    while (!cuda::ptx::mbarrier_try_wait_parity(bars + (it & 1), static_cast<uint32_t>((it >> 1) & 1))) {
+    }
+#else
     if (tile + gridDim.x < tiles) {  // the next tile into the other buffer, in flight through this one
       const Tile t(tile + gridDim.x, tile_rows, p.rows, cols);
       issue_tile(bufs + ((it + 1) & 1) * buf_elems, x, t.e0, t.n);
@@ -288,6 +369,7 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
     async_commit();
     async_wait<1>();
     __syncthreads();  // the tile in shared memory
+#endif
     const Tile t(tile, tile_rows, p.rows, cols);
     const int off = row_lead<T>(x, t.e0);
     // Whole warps iterate together (the bound is the warp's first row-group's row), so every
@@ -324,16 +406,33 @@ __global__ void __launch_bounds__(kFlatBlock, fwd_flat_min_blocks(kE))
         stats[tile_rows + r] = rstd;
       }
     }
+#ifdef HFNN_FLAT_BULK
+    const bool bulk = row_lead<T>(y, t.e0) == off;
+    if (bulk) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // this thread's rows, for the bulk store
+    __syncthreads();  // every row of the tile written
+    if (bulk) store_tile_bulk(y, t.e0, t.n, buf, off);
+    else store_tile(y, t.e0, t.n, buf, off);
+#else
     __syncthreads();  // every row of the tile written
     store_tile(y, t.e0, t.n, buf, off);
+#endif
     if (p.mean) {
       for (int r = threadIdx.x; r < t.rows; r += kFlatBlock) {
         p.mean[t.row0 + r] = stats[r];
         p.rstd[t.row0 + r] = stats[tile_rows + r];
       }
     }
+#ifdef HFNN_FLAT_BULK
+    // The next bulk copy into this buffer (the async proxy) after this iteration's reads and writes
+    // of it (the generic proxy: the rows, the edge and gathered stores).
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+#endif
     __syncthreads();  // the next iteration's copies overwrite what the stores read
   }
+#ifdef HFNN_FLAT_BULK
+  // The last bulk store done before the block's shared memory goes.
+  if (threadIdx.x == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>());
+#endif
 }
 
 // ---- host ------------------------------------------------------------------------------------------
@@ -356,7 +455,8 @@ auto dispatch_flat(DType dtype, int64_t cols, F&& f) {
   const int e = flat_per_lane(cols, kTpr, static_cast<int>(dtype_size(dtype)));
   return dispatch_dtype(dtype, [&]<typename T>() {
     constexpr bool kPow2 = sizeof(T) != 2;
-    return with_per_lane<kPow2, flat_min_per_lane(kTpr, kPow2)>(e, [&]<int kE>() { return f.template operator()<T, kE>(); });
+    return with_per_lane<kPow2, flat_min_per_lane(kTpr, kPow2)>(
+        e, [&]<int kE>() { return f.template operator()<T, kE>(); });
   });
 }
 
