@@ -14,6 +14,7 @@ import csv
 import datetime
 import json
 import os
+import sys
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("csvs", nargs="+", help="VARIANT-DTYPE-ROWSxD-sass.csv files")
@@ -34,8 +35,12 @@ def opcode(source):
 records = []
 for path in args.csvs:
     rows = list(csv.reader(open(path)))
+    columns = ("Source", "Instructions Executed", "Warp Stall Sampling (All Samples)")
+    if len(rows) < 3 or len(rows[0]) < 2 or not all(c in rows[1] for c in columns):
+        sys.exit(f"{path}: not ncu's source page of one kernel "
+                 "(ncu -i REPORT --page source --csv --print-source sass): run bench/experiments/ln_ncu_source_run.sh")
     kernel, header, data = rows[0][1], rows[1], [r for r in rows[2:] if len(r) > 2]
-    src, ex, smp = (header.index(c) for c in ("Source", "Instructions Executed", "Warp Stall Sampling (All Samples)"))
+    src, ex, smp = (header.index(c) for c in columns)
     total, samples = sum(int(r[ex]) for r in data), sum(int(r[smp]) for r in data)
     stretches = collections.defaultdict(lambda: {"from_instruction": None, "static_instructions": 0, "e": 0, "s": 0})
     by_op, by_op_samples = collections.Counter(), collections.Counter()
@@ -59,7 +64,8 @@ for path in args.csvs:
         "dtype": dtype, "shape": [n_rows, cols], "kernel": kernel, "warp_instructions": total,
         "instructions_per_element": round(total * 32 / (n_rows * cols), 2), "stall_samples": samples,
         "regions": [{"from_instruction": st["from_instruction"], "static_instructions": st["static_instructions"],
-                     "instructions_pct": round(100 * st["e"] / total, 1), "samples_pct": round(100 * st["s"] / samples, 1)}
+                     "instructions_pct": round(100 * st["e"] / total, 1),
+                     "samples_pct": round(100 * st["s"] / samples, 1)}
                     for st in stretches.values() if st["e"] > 0.005 * total or st["s"] > 0.005 * samples],
         "opcodes_instructions_pct": {o: round(100 * c / total, 1) for o, c in by_op.most_common(20)},
         "opcodes_samples_pct": {o: round(100 * c / samples, 1) for o, c in by_op_samples.most_common(12)},

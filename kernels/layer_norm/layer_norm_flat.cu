@@ -33,9 +33,10 @@
 //     columns at kTpr 32), any dtype, any element-aligned pointers. kTpr 64 and 128: a row-group of
 //     2 or 4 warps, their sums met in shared memory, for rows of 5 to 16 elements a lane (257 to
 //     1,024 and 513 to 2,048 columns), where the window forward was at 63-71% of copy bandwidth in
-//     16-bit (1,023 to 2,041 columns, H100). The same design for the backward (x and
-//     dy tiles, dx over dy, dgamma/dbeta in registers) was measured and not kept: 44-87% of copy
-//     bandwidth, below the *_regs and window backward at every width it takes.
+//     16-bit (1,023 to 2,041 columns, H100). The same design for the backward (x and dy tiles, dx
+//     over dy, dgamma/dbeta in registers) was measured and not kept: the best of it 53-76% of copy
+//     bandwidth in 16-bit and 75-88% in float32, below the *_regs and window backward at every
+//     width it takes (before the bulk copies: bench/experiments/layer_norm_flat_bwd_bulk.patch).
 #include <algorithm>
 
 #include <cuda/ptx>

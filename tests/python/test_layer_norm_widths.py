@@ -64,6 +64,8 @@ def variants_under_test():
         return variants
     return {p: [v for v in names if any(fnmatch.fnmatchcase(v, g) for g in VARIANT_GLOBS)]
             for p, names in variants.items()}
+
+
 RANGES = {"1-275": range(1, 276), "276-550": range(276, 551), "551-825": range(551, 826),
           "826-1100": range(826, 1101), "wide-a": WIDE[: len(WIDE) // 2], "wide-b": WIDE[len(WIDE) // 2:]}
 
@@ -352,9 +354,10 @@ def test_gpu_column_sums_at_every_row_step(dtype):
 
 
 # Widths that put each variant family's row loop on a row count of its own: the flat forward (33,
-# 63, 127, 255, 257; 257 to 2,041 in row-groups of several warps), the row-register kernels (34, 100, 160, 512), the window ones (1,023 and
-# 2,041: 5 and 8 packs a lane at tpr32), the one-block and cluster wide ones (4,096, 12,288) and
-# their window twins (4,097, 12,289); 1 and 7 for the smallest rows.
+# 63, 127, 255, 257; 257 to 2,041 in row-groups of several warps), the row-register kernels (34,
+# 100, 160, 512), the window ones (1,023 and 2,041: 5 and 8 packs a lane at tpr32), the one-block
+# and cluster wide ones (4,096, 12,288) and their window twins (4,097, 12,289); 1 and 7 for the
+# smallest rows.
 ROW_WIDTHS = [1, 7, 33, 34, 63, 100, 127, 160, 255, 257, 512, 1023, 2041, 4096, 4097, 12288, 12289]
 
 
