@@ -142,22 +142,28 @@ def interleaved_walls(fns, grad, min_round_s, rounds):
     return {key: (statistics.median(s[0] for s in v), statistics.median(s[1] for s in v)) for key, v in samples.items()}
 
 
-def graphed(fn, grad, backward, params, x):
-    """Per-call GPU ms of `calls` steps captured in one CUDA graph, median of replays."""
-    step = training_step(fn, grad, backward)
+def captured(step, leaves, calls):
+    """A CUDA graph of `calls` back-to-back calls of `step`, after three on a side stream (the
+    allocator's and the libraries' first-call work), the leaves' .grad cleared before the capture."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(s)
-    for p in [*params, x]:
+    for p in leaves:
         p.grad = None
-    calls = 5
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(calls):
             step()
+    return g
+
+
+def graphed(fn, grad, backward, params, x):
+    """Per-call GPU ms of `calls` steps captured in one CUDA graph, median of replays."""
+    calls = 5
+    g = captured(training_step(fn, grad, backward), [*params, x], calls)
     times = []
     for _ in range(7):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

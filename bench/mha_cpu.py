@@ -41,7 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--calls", type=int, default=50, help="calls per profiled pass (default 50)")
     ap.add_argument("--timed-calls", type=int, default=300, help="calls per process_time loop (default 300)")
     ap.add_argument("--top", type=int, default=20, help="ops per table")
-    ap.add_argument("--kernels", action="store_true", help="also the GPU kernels of a fwd+bwd call, by time")
+    ap.add_argument("--kernels", action="store_true", help="also the GPU kernels of a fwd+bwd call, by time, and the GPU's idle time between them")
     ap.add_argument("--json", type=Path, help="write the numbers here too")
     return ap.parse_args(argv)
 
@@ -156,7 +156,28 @@ def print_table(title, table, top):
               f"{100 * r['self_us'] / max(total, 1e-9):6.1f}%")
 
 
+def timeline_gaps(work):
+    """(busy, span, gaps) of GPU intervals [(start, stop, name)] sorted by start: the union of the
+    intervals, the first start to the last stop, and each idle stretch as (length, name of the
+    interval that ended last before it, name of the one after it)."""
+    busy, gaps, end, prev = 0.0, [], work[0][0], work[0][2]
+    for start, stop, name in work:
+        if start > end:
+            gaps.append((start - end, prev, name))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, prev = stop, name
+    return busy, end - work[0][0], gaps
+
+
 def kernels(torch, fn, grad, calls, top):
+    """The GPU kernels of back-to-back fwd+bwd calls by time, and the GPU's idle time between them:
+    the span from the first kernel's start to the last one's end against the union of the kernels'
+    (and copies') intervals, from the profiler's trace. Idle time inside the span is time the GPU
+    waited for the host (launches, the autograd engine, a synchronisation); the profiler's own CPU
+    cost inflates it somewhat. Returns the numbers."""
+    import os
+    import tempfile
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -168,6 +189,35 @@ def kernels(torch, fn, grad, calls, top):
     print(f"  GPU kernels of a fwd+bwd call: {total:.1f} us, {sum(r.count for r in rows) / calls:.1f} launches")
     for r in sorted(rows, key=lambda r: -r.device_time_total)[:top]:
         print(f"    {r.key[:90]:90s} x{r.count / calls:4.1f} {r.device_time_total / calls:8.1f} us")
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        trace = json.loads(Path(path).read_text())
+    finally:
+        os.unlink(path)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    work = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "?")) for e in events
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not work:
+        print("  GPU timeline: the trace has no kernel events")
+        return {"kernel_us": total}
+    busy, span, gaps = timeline_gaps(work)
+    idle = sum(g[0] for g in gaps)
+    print(f"  GPU timeline over {calls} calls (profiled): span {span / calls:.1f} us a call, busy {busy / calls:.1f}, "
+          f"idle {idle / calls:.1f} ({100 * idle / max(span, 1e-9):.1f}%) in {len(gaps) / calls:.1f} gaps a call; "
+          f"gaps over 5 us: {sum(1 for g in gaps if g[0] > 5) / calls:.1f} a call, "
+          f"{sum(g[0] for g in gaps if g[0] > 5) / calls:.1f} us")
+    by_pair = defaultdict(lambda: [0, 0.0])
+    for length, before, after in gaps:
+        key = (before[:60], after[:60])
+        by_pair[key][0] += 1
+        by_pair[key][1] += length
+    print(f"    {'idle us a call':>14s} {'gaps':>5s}  kernel before the gap -> kernel after it")
+    for (before, after), (count, length) in sorted(by_pair.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"    {length / calls:14.1f} {count / calls:5.1f}  {before} -> {after}")
+    return {"kernel_us": total, "span_us": span / calls, "busy_us": busy / calls, "idle_us": idle / calls,
+            "gaps_per_call": len(gaps) / calls}
 
 
 def main(argv=None) -> int:
@@ -224,9 +274,8 @@ def main(argv=None) -> int:
         print_table("forward", tables["fwd"], args.top)
         print_table("backward (the backward() call: Python, the autograd engine and its device thread)",
                     tables["bwd"], args.top)
-        if args.kernels:
-            kernels(torch, fn, grad, args.calls, args.top)
-        result["candidates"][title] = {"core": core, "per_call": times, "profile": tables,
+        timeline = kernels(torch, fn, grad, args.calls, args.top) if args.kernels else None
+        result["candidates"][title] = {"core": core, "per_call": times, "profile": tables, "timeline": timeline,
                                        "gemm_cache_misses": None if stats0 is None or core is None
                                        else [stats1[0] - stats0[0], stats1[1] - stats0[1]]}
         sys.stdout.flush()

@@ -63,6 +63,22 @@ def test_mha_cpu_defaults_are_the_issues_launch_bound_config():
     assert args.config == [8, 1024, 1024, 16] and args.core == "sdpa_auto" and args.compare_torch
 
 
+def test_mha_cpu_timeline_gaps_measures_the_idle_gpu():
+    """bench/mha_cpu.py --kernels: the GPU's busy time is the union of its kernels' intervals
+    (overlapping ones counted once), its span the first start to the last end, and each idle stretch
+    is named by the kernel that ended last before it and the one that starts it."""
+    spec = importlib.util.spec_from_file_location("mha_cpu", ROOT / "bench" / "mha_cpu.py")
+    mha_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mha_cpu)
+    # b overlaps a and ends after it; d runs inside c; e starts after a gap
+    work = [(0.0, 10.0, "a"), (5.0, 12.0, "b"), (20.0, 25.0, "c"), (21.0, 22.0, "d"), (30.0, 31.0, "e")]
+    busy, span, gaps = mha_cpu.timeline_gaps(work)
+    assert (busy, span) == (18.0, 31.0)
+    assert gaps == [(8.0, "b", "c"), (5.0, "c", "e")]
+    assert mha_cpu.timeline_gaps([(1.0, 4.0, "only")]) == (3.0, 3.0, [])
+    assert mha_cpu.parse_args(["--kernels"]).kernels and not mha_cpu.parse_args([]).kernels
+
+
 def test_layer_norm_sweep_compare_reads_two_runs(tmp_path):
     """`--compare BASE NEW` (a change against its baseline, measured back to back): base/new ratios per
     candidate, size, dtype and pass, a width only where both runs measured it, and a one-line error
