@@ -7,7 +7,8 @@ For torch's module and hfnn's op (core --core), one after the other, each phase 
   eager   fwd+bwd calls back to back, as bench/mha.py's wall rounds
   burst   rounds of 16 eager calls with a synchronisation and a 100 ms pause between them
 nvidia-smi samples the SM clock, power and the clock event reasons every 50 ms beside it; each
-phase gets its per-call time and the median clock and power of the samples inside it.
+phase gets its per-call time and the median clock and power of the samples inside it (for burst,
+of the samples inside its rounds alone: the pauses' would describe a resting GPU).
     python3 bench/experiments/mha_clocks_probe.py [--config 200 256 1024 16] [--core hfnn_mid] [--out F]
         [--candidates torch hfnn] [--seconds 3]
 """
@@ -73,6 +74,7 @@ def main() -> int:
                 t0 = time.time()
                 n = 0
                 busy = 0.0
+                rounds = []  # burst: each round's (start, end), wall clock
                 while time.time() - t0 < args.seconds:
                     if phase == "graph":
                         g.replay()
@@ -85,17 +87,19 @@ def main() -> int:
                         if n % 200 == 0:
                             torch.cuda.synchronize()
                     else:
-                        r0 = time.perf_counter()
+                        r0, w0 = time.perf_counter(), time.time()
                         for _ in range(16):
                             step()
                         torch.cuda.synchronize()
                         busy += time.perf_counter() - r0
+                        rounds.append((w0, time.time()))
                         n += 16
                         time.sleep(0.1)
                 torch.cuda.synchronize()
                 t1 = time.time()
                 per_call = (busy if phase == "burst" else t1 - t0) / n * 1e3
-                phases.append({"candidate": name, "phase": phase, "t0": t0, "t1": t1, "calls": n, "ms_per_call": per_call})
+                phases.append({"candidate": name, "phase": phase, "t0": t0, "t1": t1, "calls": n, "ms_per_call": per_call,
+                               "rounds": rounds})
                 print(f"{name:6s} {phase:6s} {per_call:7.3f} ms a call ({n} calls)", flush=True)
             del g
     finally:
@@ -114,6 +118,10 @@ def main() -> int:
     print(f"{len(samples)} nvidia-smi samples")
     for p in phases:
         inside = [s for s in samples if p["t0"] + 0.2 <= s[0] <= p["t1"]]
+        if p["rounds"]:
+            inside = [s for s in inside if any(a <= s[0] <= b for a, b in p["rounds"])]
+        p["samples"] = len(inside)
+        del p["rounds"]
         if inside:
             p["sm_mhz"] = statistics.median(s[1] for s in inside)
             p["power_w"] = statistics.median(s[2] for s in inside)
