@@ -14,6 +14,8 @@ of the samples inside its rounds alone: the pauses' would describe a resting GPU
 """
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +46,8 @@ def parse_args():
 
 def main() -> int:
     args = parse_args()
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        sys.exit("mha_clocks_probe.py: needs a CUDA GPU and nvidia-smi on PATH (run it on the GPU machine)")
     b, length, embed, heads = args.config
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -52,12 +56,15 @@ def main() -> int:
     grad = torch.randn_like(x)
     calls = {"torch": candidate(torch, m, x, None), "hfnn": candidate(torch, m, x, args.core)}
     calls = {k: v for k, v in calls.items() if k in args.candidates}
-    log = Path(tempfile.mkstemp(suffix=".csv")[1])
+    fd, log_name = tempfile.mkstemp(suffix=".csv")
+    os.close(fd)
+    log = Path(log_name)
     fields = FIELDS
     if subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True).returncode:
         fields = FIELDS.replace("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+    smi_out = log.open("w")
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50",
-                            "-i", str(torch.cuda.current_device())], stdout=log.open("w"), stderr=subprocess.DEVNULL)
+                            "-i", str(torch.cuda.current_device())], stdout=smi_out, stderr=subprocess.DEVNULL)
     phases = []
     try:
         time.sleep(1.0)
@@ -106,15 +113,17 @@ def main() -> int:
         time.sleep(0.5)
         smi.terminate()
         smi.wait()
+        smi_out.close()
+        text = log.read_text()
+        log.unlink()
     samples = []
-    for line in log.read_text().splitlines():
+    for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         try:
             ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + parts[0].split(".")[1])
             samples.append((ts, float(parts[1]), float(parts[2]), float(parts[3]), parts[4]))
         except (ValueError, IndexError):
             continue
-    log.unlink()
     print(f"{len(samples)} nvidia-smi samples")
     for p in phases:
         inside = [s for s in samples if p["t0"] + 0.2 <= s[0] <= p["t1"]]
