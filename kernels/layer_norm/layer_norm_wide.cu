@@ -66,6 +66,15 @@ constexpr int kMaxThreads = 512;
 // The backward with its dgamma/dbeta sums in shared memory (bwd_wide_c*_smem): row-groups of at
 // most 256 threads, so the register cap below can ask for 2 or 3 blocks an SM.
 constexpr int kSmemSumsMaxThreads = 256;
+// ... and an instantiation of its own for blocks of 257 to 288 threads at 8 accesses a thread, in
+// clusters of 16 alone: a block's part of 2,049 to 2,304 accesses, which no block of 256 holds at
+// 8. A row of 65,538 columns is 2,049 accesses of a block there in float32 (8 bytes) and 16-bit (4
+// bytes); the same part comes with float32 rows of about 32,769 to 36,863 columns (4-byte accesses)
+// and 16-bit rows of about 131,076 to 147,456 (8-byte accesses). One block an SM
+// (its bound below); the 256-thread kernels keep theirs (a bound of one block on them all slowed
+// the widths they already took: bench/README.md, "The shared-memory-sums backward in blocks of up
+// to 288 threads: not kept").
+constexpr int kSmemSumsBigThreads = 288, kSmemSumsBigCluster = 16;
 
 // A launch: blockDim = (threads, rows), `rows` row-groups of `threads` threads, each group on one
 // row at a time; the row's accesses of `bytes` split over the cluster's blocks, `part` for each
@@ -134,14 +143,17 @@ WideShape wide_shape(int64_t cols, DType dtype, int bytes, int cluster, bool bac
   while (nv > 1 && s.part < 32 * nv) nv /= 2;
   while (nv < max_nv && (s.part + nv - 1) / nv > max_threads) nv *= 2;
   const int64_t threads = ((s.part + nv - 1) / nv + 31) / 32 * 32;
-  if (threads > max_threads) return {};
+  // The big blocks: the sums in shared memory, not the window's, 8 accesses a thread, clusters of 16.
+  const bool big = threads > max_threads && smem_sums && !window && nv == 8 && cluster == kSmemSumsBigCluster &&
+                   threads <= kSmemSumsBigThreads;
+  if (threads > max_threads && !big) return {};
   s.nv = nv;
   s.threads = static_cast<int>(threads);
   const int rows = (backward ? kBwdBlockThreads : kFwdBlockThreads) / s.threads;
   s.rows = window || rows < 1 ? 1 : (rows > kMaxGroupRows ? kMaxGroupRows : rows);
   // The window backward's slots in clusters of 16 strided by its own block (one row-group), the
   // others' by the largest block (bwd_wide_kernel's slot_stride).
-  s.slots = window_sums && cluster == 16 ? s.threads : kSmemSumsMaxThreads;
+  s.slots = window_sums && cluster == 16 ? s.threads : big ? kSmemSumsBigThreads : kSmemSumsMaxThreads;
   return s;
 }
 
@@ -558,11 +570,13 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // partial row by column (position - lead) at the end.
 // kClustered: the launch's clusters have more than one block (as the forward's): the one-block
 // variants (c1) get instantiations without the exchange, its mbarriers and cluster barriers.
-template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, bool kClustered>
-__global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
-                                  kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
+// kBig: blocks of up to kSmemSumsBigThreads (kSmemSums, not kWin, 8 accesses a thread; wide_shape).
+template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, bool kClustered, bool kBig = false>
+__global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
+                                  kBig ? 1 : kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part, const int inbox) {
   static_assert(!kWin || kBytes == 16);
+  static_assert(!kBig || (kSmemSums && !kWin && kNv == 8));
   constexpr bool kRegSums = !kSmemSums && !kWin;  // dgamma/dbeta summed in registers
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
   // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
@@ -574,7 +588,7 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
   constexpr int kQ = kV / kW;            // sum vectors of an access's dgamma (and of its dbeta)
   using Sum = SumVec<kW>;
   // Slots strided by the largest block, a compile-time constant: one address register for them all.
-  constexpr int kStride = kSmemSumsMaxThreads;
+  constexpr int kStride = kBig ? kSmemSumsBigThreads : kSmemSumsMaxThreads;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   Sum* const sums = reinterpret_cast<Sum*>(fold) + tid;
   __shared__ float2 red[2][32];
@@ -858,9 +872,21 @@ __global__ void __launch_bounds__(kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
 }
 
 // The backward's kernel of a launch whose clusters have kCluster blocks (as fwd_wide_entry).
-template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, int kCluster>
+template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, int kCluster, bool kBig = false>
 constexpr auto bwd_wide_entry() {
-  return bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kWin, (kCluster > 1)>;
+  return bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kWin, (kCluster > 1), kBig>;
+}
+
+// Calls g(kernel) with the (not window) backward's kernel for shape s: the big blocks' own
+// instantiation where s has more than kSmemSumsMaxThreads threads (wide_shape allows it only with
+// the sums in shared memory, 8 accesses and clusters of 16); cudaErrorInvalidValue where no
+// instantiation takes s.
+template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
+cudaError_t with_bwd_wide_kernel(const WideShape& s, G&& g) {
+  if (s.threads <= kSmemSumsMaxThreads || !kSmemSums) return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>());
+  if constexpr (kSmemSums && kNv == 8 && kCluster == kSmemSumsBigCluster)
+    return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, true>());
+  return cudaErrorInvalidValue;
 }
 
 // Calls f.template operator()<T, kNv, kBytes>() for the instantiation of shape s;
@@ -1052,9 +1078,9 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>(), s, smem, kCluster, p.device)
-                      ? cudaSuccess
-                      : cudaErrorInvalidValue;
+           return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, [&](auto kernel) {
+             return shape_fits(kernel, s, smem, kCluster, p.device) ? cudaSuccess : cudaErrorInvalidValue;
+           });
          }) == cudaSuccess;
 }
 
@@ -1065,11 +1091,11 @@ std::size_t bwd_wide_workspace(const BwdParams& p) {
   const WideShape s = wide_shape(p.cols, p.dtype, access, kCluster, true, kSmemSums);
   std::size_t bytes = 0;
   with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-    bytes = 2 *
-            static_cast<std::size_t>(
-                bwd_clusters(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>(), p, s, kCluster, kSmemSums)) *
-            static_cast<std::size_t>(p.cols) * sizeof(float);
-    return cudaSuccess;
+    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, [&](auto kernel) {
+      bytes = 2 * static_cast<std::size_t>(bwd_clusters(kernel, p, s, kCluster, kSmemSums)) *
+              static_cast<std::size_t>(p.cols) * sizeof(float);
+      return cudaSuccess;
+    });
   });
   return bytes;
 }
@@ -1081,21 +1107,22 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>();
-    if constexpr (kCluster > 8) {
-      if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
+    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, [&](auto kernel) -> cudaError_t {
+      if constexpr (kCluster > 8) {
+        if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
+          return err;
+      }
+      const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
+      if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
+      const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster, kSmemSums), p);
+      if (clusters < 1) return cudaErrorInvalidValue;
+      if (const cudaError_t err =
+              launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
+                     kCluster, p, s.part, bwd_inbox_at(s, p.dtype, kSmemSums, kCluster));
+          err != cudaSuccess)
         return err;
-    }
-    const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
-    if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    const int64_t clusters = grid_within_workspace(bwd_clusters(kernel, p, s, kCluster, kSmemSums), p);
-    if (clusters < 1) return cudaErrorInvalidValue;
-    if (const cudaError_t err =
-            launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                   kCluster, p, s.part, bwd_inbox_at(s, p.dtype, kSmemSums, kCluster));
-        err != cudaSuccess)
-      return err;
-    return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(clusters), stream);
+      return reduce_partials(p, static_cast<const float*>(p.workspace), static_cast<int>(clusters), stream);
+    });
   });
 }
 
