@@ -12,20 +12,24 @@
 //      (registers, over every step) and stages P and dS in shared memory. After a barrier the
 //      block's warps take the step's dV = P^T dO and dK = dS^T Q in tiles of 16 keys x 32
 //      columns (32 keys x 32 columns, a warp a tile, in the non-causal kernel of whole steps and
-//      128 query rows or more), contracting over every query, each written through the step's
-//      own rows of K's or V's array (read no more) to global memory as 16-byte rows; a second
-//      barrier frees the staging for the next step;
+//      128 query rows or more; on Hopper's swizzled kernels by wgmma, below), contracting over
+//      every query, each written through the step's own rows of K's or V's array (read no more)
+//      to global memory as 16-byte rows; a second barrier frees the staging for the next step;
 //   3. writes dQ through the warp's own rows of Q's array, and where asked its column sums (the
 //      input projection's bias gradient's query rows, per block; the op sums over the batch).
 //
-// Shared memory (16-bit rows padded by 8 elements, as short_attention.cu): Q and dO [Lp, Dh], K and
-// V [Sp, Dh], P and dS of a step [Lp, 64] (O's rows there before the first step), the log-sum-exp
-// and D [Lp]: 218 KB at 256 x 256 x 64, so one block an SM, 16 warps, at most 128 registers a thread.
+// Shared memory (16-bit rows padded by 8 elements, as short_attention.cu, except in Hopper's
+// swizzled kernels below): Q and dO [Lp, Dh], K and V [Sp, Dh], P and dS of a step [Lp, 64] (O's
+// rows there before the first step), the log-sum-exp and D [Lp]: 218 KB at 256 x 256 x 64, so one
+// block an SM, 16 warps, at most 128 registers a thread.
 // On Hopper the kernels of head size 64 in whole steps (mid_swizzled) keep K and V unpadded, in
 // wgmma's 128-byte swizzle, and compute a step's scores and dP with wgmma, a warpgroup's 64 rows
 // against the step's 64 keys (Lp then a multiple of 64): K and V read once a warpgroup, not once a
 // warp (H100, [200, 256, 1024, 16] bf16: 634 -> 583 us a call; causal, with dQ by wgmma too,
-// 491 -> 444).
+// 491 -> 444). Q, dO, P and dS are there in the same swizzle (195 KB at 256 x 256 x 64), so dQ,
+// dV and dK are wgmma's too: dV = P^T dO and dK = dS^T Q with both operands in shared memory as
+// they lie, the step's 64 keys x 32 columns a warpgroup (H200, the same shape: 580 -> 562 us;
+// causal 443 -> 421; results/mha_mid_wgmma_dvdk-h200.json).
 #include "kernels/multihead_attention/mid_attention.h"
 
 #include <cstring>
@@ -47,10 +51,10 @@ struct MidLayout {
   std::size_t q = 0, k = 0, v = 0, dout = 0, p = 0, ds = 0, lse = 0, d = 0, total = 0;
 };
 
-// Whether a call runs the kernel whose K and V are wgmma's operands (kSwz below): on Hopper (whose
+// Whether a call runs the kernel whose arrays are wgmma's operands (kSwz below): on Hopper (whose
 // machine code has wgmma; the same layout read by mma.sync where the code is not sm_90a's), head
-// size 64, keys in whole steps; not causal, 128 query rows or more (its dV/dK tiles take a warp
-// each). The one decision: the launch picks the kernel and its layout from it, and the block's
+// size 64, keys in whole steps; not causal, 128 query rows or more (the mma.sync fallback's dV/dK
+// tiles take a warp each; the wgmma kernel itself would take fewer). The one decision: the launch picks the kernel and its layout from it, and the block's
 // shared memory that supports() checks comes from the same. Elsewhere (an A100: 163 KB a block) the
 // padded layout, whose query rows are padded to 16 and not 64, keeps the shapes that fit there.
 bool mid_swizzled(const ShortShape& s) {
@@ -71,14 +75,17 @@ __host__ __device__ MidLayout mid_layout(int64_t q_len, int64_t kv_len, int64_t 
     l.k = c.take(std::size_t(l.sp) * 128);
     l.v = c.take(std::size_t(l.sp) * 128);
   }
-  l.q = c.take(std::size_t(l.lp) * l.ld * 2);
+  // swz: Q, dO, P and dS in the same swizzle (each a multiple of 1,024 bytes), wgmma's operands of
+  // dV and dK.
+  const std::size_t x_row = swz ? 128 : std::size_t(l.ld) * 2, p_row = swz ? 128 : std::size_t(l.lds) * 2;
+  l.q = c.take(std::size_t(l.lp) * x_row);
   if (!swz) {
     l.k = c.take(std::size_t(l.sp) * l.ld * 2);
     l.v = c.take(std::size_t(l.sp) * l.ld * 2);
   }
-  l.dout = c.take(std::size_t(l.lp) * l.ld * 2);
-  l.p = c.take(std::size_t(l.lp) * l.lds * 2);
-  l.ds = c.take(std::size_t(l.lp) * l.lds * 2);
+  l.dout = c.take(std::size_t(l.lp) * x_row);
+  l.p = c.take(std::size_t(l.lp) * p_row);
+  l.ds = c.take(std::size_t(l.lp) * p_row);
   l.lse = c.take(std::size_t(l.lp) * 4);
   l.d = c.take(std::size_t(l.lp) * 4);
   l.total = c.at + (swz ? 1024 : 0);
@@ -156,6 +163,74 @@ __device__ __forceinline__ void wgmma_rows(float (&d)[8][4], const uint32_t (&a)
 #endif
 }
 
+// acc[64 x 32 over the warpgroup; this warp's 16 rows] += A B over kK blocks of 16: A (64 x 16 kK)
+// M-major and B (16 kK x 32) N-major, both in shared memory in the 128-byte swizzle (the rows, k,
+// of 128 bytes: A^T and B as stored; B's 32 columns may start 64 bytes into its rows), a k-block
+// 16 rows = 2,048 bytes on in each. kK a constant: with a run-time count ptxas serialized the
+// wgmmas (C7515). Fenced, committed and waited for here.
+template <typename T, int kK>
+__device__ __forceinline__ void wgmma_ss_mn(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int kb = 0; kb < kK; ++kb) {
+    const uint64_t da = desc_a + 128 * kb, db = desc_b + 128 * kb;
+#define HFNN_WGMMA_SS(TYPE)                                                                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"  \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),       \
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),       \
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])                                      \
+               : "l"(da), "l"(db), "r"(1))
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) HFNN_WGMMA_SS("bf16");
+    else HFNN_WGMMA_SS("f16");
+#undef HFNN_WGMMA_SS
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// The same over k_blocks: 4, 8, 12 or 16 (rows from a multiple of 64 to at most 256), or, where
+// kMayBeEmpty (causal), 0: keys past every query row, d left as it is.
+template <typename T, bool kMayBeEmpty>
+__device__ __forceinline__ void wgmma_ss_mn(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int k_blocks) {
+  switch (k_blocks) {
+    case 16: wgmma_ss_mn<T, 16>(d, desc_a, desc_b); break;
+    case 12: wgmma_ss_mn<T, 12>(d, desc_a, desc_b); break;
+    case 8: wgmma_ss_mn<T, 8>(d, desc_a, desc_b); break;
+    default:
+      if (!kMayBeEmpty || k_blocks == 4) wgmma_ss_mn<T, 4>(d, desc_a, desc_b);
+      break;
+  }
+}
+
+// A warp's 16 rows (i_lo and i_lo + 8) of a [*, 64] float accumulator array (64 columns: a step's
+// keys, or Dh) as 16-bit pairs into a 64-column swizzled array.
+template <typename T>
+__device__ __forceinline__ void stage_swz(const float (&acc)[8][4], T* dst, int i_lo, int t) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    *reinterpret_cast<uint32_t*>(swz(dst, i_lo, n * 8 + 2 * t)) = pack2<T>(acc[n][0], acc[n][1]);
+    *reinterpret_cast<uint32_t*>(swz(dst, i_lo + 8, n * 8 + 2 * t)) = pack2<T>(acc[n][2], acc[n][3]);
+  }
+}
+
+// A warp's 16 x 64 float accumulator array (rows r0.., rows_left of them real) through its own rows
+// of a 64-column swizzled array to global rows `stride` apart as 16-byte vectors (write_rows of
+// attention_tiles.cuh, for the swizzle).
+template <typename T>
+__device__ __forceinline__ void write_rows_swz(const float (&acc)[8][4], T* stage, int r0, T* dst, int64_t stride,
+                                               int rows_left, int lane) {
+  stage_swz<T>(acc, stage, r0 + (lane >> 2), lane & 3);
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int r = lane / 8 + k * 4, c = (lane % 8) * 8;
+    if (r < rows_left) *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(swz(stage, r0 + r, c));
+  }
+  __syncwarp();
+}
+
 // A 16 x 32 float accumulator tile (16-column pairs [0, pairs) of it real) through shared memory
 // (stage(r, c): element (r, c) of the tile's place, this warp's alone) to global rows `stride`
 // apart as 16-byte vectors; rows past rows_left are not written.
@@ -210,10 +285,10 @@ __device__ __forceinline__ void wait_pending(int n) {
 // causal skips' branches (with them as run-time tests it took 670 against 660 us a call at
 // [200, 256, 1024, 16] bf16 on an H100).
 // kSwz (the launch's mid_swizzled: Hopper, head size 64, whole steps; not causal, 128 query rows
-// or more): K and V in the 128-byte swizzle, so the scores S = Q K^T and dP = dO V^T are wgmma's
-// (causal, dQ = dS K too), a warpgroup's 64 rows against the step's 64 keys, K and V read once a
-// warpgroup instead of once a warp (mma.sync on the same layout where the machine code is not
-// sm_90a's).
+// or more): K, V, Q, dO, P and dS in the 128-byte swizzle, so the scores S = Q K^T, dP = dO V^T
+// and dQ = dS K are wgmma's, a warpgroup's 64 rows against the step's 64 keys (K and V read once a
+// warpgroup instead of once a warp), and dV and dK too, both operands from shared memory (mma.sync
+// on the same layout where the machine code is not sm_90a's).
 template <typename T, int kD, bool kExact, bool kCausal, bool kSwz = false>
 __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams p) {
   // Causal too: a warp skips a step where its rows all come before the step's keys, and with steps
@@ -234,6 +309,20 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     else return base + r * ld + c;
   };
   constexpr int lds = kStep + kPad;
+  // Element (r, c) of Q's or dO's array (xa), of P's or dS's (pa; O's rows before the first step).
+  auto xa = [&](auto* base, int r, int c) {
+    if constexpr (kSwz) return swz(base, r, c);
+    else return base + r * ld + c;
+  };
+  auto pa = [&](auto* base, int r, int c) {
+    if constexpr (kSwz) return swz(base, r, c);
+    else return base + r * lds + c;
+  };
+  // Rows [0, n) of a [n, Dh] view into Q's, dO's or P's array, rows to `padded` zero.
+  auto load_x = [&](T* dst, int dst_ld, const T* src, int64_t stride, int n, int padded) {
+    if constexpr (kSwz) load_rows_swz(dst, src, stride, n, padded);
+    else load_rows<T, kD>(dst, dst_ld, src, stride, n, padded, dh);
+  };
   T* qs = reinterpret_cast<T*>(smem + l.q);
   T* ks = reinterpret_cast<T*>(smem + l.k);
   T* vs = reinterpret_cast<T*>(smem + l.v);
@@ -255,7 +344,7 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     if constexpr (kSwz) load_rows_swz(dst + j0 * 64, src + j0 * stride, stride, kv_len - j0, min(kStep, l.sp - j0));
     else load_rows<T, kD>(dst + j0 * ld, ld, src + j0 * stride, stride, kv_len - j0, min(kStep, l.sp - j0), dh);
   };
-  load_rows<T, kD>(qs, ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp, dh);
+  load_x(qs, ld, static_cast<const T*>(p.q) + b * p.sq.b + h * p.sq.h, p.sq.l, q_len, l.lp);
   const float* lse = p.lse + b * p.lse_b + h * p.lse_h;
   for (int i = threadIdx.x; i < l.lp; i += blockDim.x) copy4(ls + i, i < q_len ? lse + i : lse, i < q_len);
   load_step(ks, k_src, p.sk.l, 0);
@@ -264,9 +353,9 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
   // 504 -> 491 us; not causal 675 -> 687 (16 bytes of spills there), so it keeps them here.
   if constexpr (kCausal) commit();
   const T* dout = static_cast<const T*>(p.dout) + b * p.sdo.b + h * p.sdo.h;
-  load_rows<T, kD>(dos, ld, dout, p.sdo.l, q_len, l.lp, dh);
+  load_x(dos, ld, dout, p.sdo.l, q_len, l.lp);
   // O, for D, into the staging of P (free until the first step stages P there).
-  load_rows<T, kD>(ps, lds, static_cast<const T*>(p.o) + b * p.so.b + h * p.so.h, p.so.l, q_len, l.lp, dh);
+  load_x(ps, lds, static_cast<const T*>(p.o) + b * p.so.b + h * p.so.h, p.so.l, q_len, l.lp);
   if constexpr (!kCausal) commit();
   load_step(vs, v_src, p.sv.l, 0);
   commit();
@@ -305,8 +394,8 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
     for (int c0 = 0; c0 < kD; c0 += 16) {
       const int col = c0 + (lane & 1) * 8;
       if (col < dh) {
-        const uint4 ov = *reinterpret_cast<const uint4*>(ps + r * lds + col);
-        const uint4 gv = *reinterpret_cast<const uint4*>(dos + r * ld + col);
+        const uint4 ov = *reinterpret_cast<const uint4*>(pa(ps, r, col));
+        const uint4 gv = *reinterpret_cast<const uint4*>(xa(dos, r, col));
         T oe[8], ge[8];
         memcpy(oe, &ov, 16);
         memcpy(ge, &gv, 16);
@@ -331,18 +420,22 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 
     // The warp's rows of P for the step's keys, from the forward's log-sum-exp. (Rows past L: zero
     // Q and dO rows, a log-sum-exp of 0 and D = 0 give P = 1, dP = 0 and dS = 0, which add nothing.)
-    // acc = X Y^T for the warp's rows against the step's keys: X (Q or dO) padded rows, Y (K or V)
-    // the step's rows of its array.
+    // acc = X Y^T for the warp's rows against the step's keys: X (Q or dO) the warp's rows of its
+    // array, Y (K or V) the step's rows of its array.
     auto rows_by_keys = [&](float(&acc)[kStep / 8][4], const T* xs, const T* ys) {
       zero(acc);
       if constexpr (kWgmma) {
         uint32_t a[kD / 16][4];
 #pragma unroll
-        for (int kb = 0; kb < kD / 16; ++kb) ldsm(a[kb], a_row(xs, ld, r0, kb * 16, lane));
+        for (int kb = 0; kb < kD / 16; ++kb) ldsm(a[kb], swz(xs, r0 + (lane & 15), kb * 16 + (lane >> 4) * 8));
         wgmma_rows<T, kD / 16>(acc, a, sw128_desc(ys + k0 * 64));
       } else {
         product<T, kD / 16, kStep / 8, false>(
-            acc, d_blocks, k_pairs, [&](int kb, uint32_t(&a)[4]) { ldsm(a, a_row(xs, ld, r0, kb * 16, lane)); },
+            acc, d_blocks, k_pairs,
+            [&](int kb, uint32_t(&a)[4]) {
+              if constexpr (kSwz) ldsm(a, swz(xs, r0 + (lane & 15), kb * 16 + (lane >> 4) * 8));
+              else ldsm(a, a_row(xs, ld, r0, kb * 16, lane));
+            },
             [&](int kb, int np) {
               return bt_at([&](int r, int c) { return kv(ys, r, c); }, k0 + np * 16, kb * 16, lane);
             });
@@ -365,12 +458,20 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
       // dP = dO V^T, then dS = P (dP - D) scale in its place; P and dS staged for dV and dK.
       float ds[kStep / 8][4];
       rows_by_keys(ds, dos, vs);
-      ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
+      if constexpr (kSwz) {  // dS alone there (no tiles staged), then both staged in the swizzle
+        ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 0, ps, dss, lds, i_lo, i_hi, t);
+        stage_swz<T>(pr, ps, i_lo, t);
+        stage_swz<T>(ds, dss, i_lo, t);
+      } else {
+        ds_and_stage<T, kStep>(pr, ds, dd_lo, dd_hi, p.scale, 2 * k_pairs, ps, dss, lds, i_lo, i_hi, t);
+      }
       // dQ += dS K over the step's keys (dS from the accumulators, rounded to the dtype as staged).
-      // By wgmma in the causal kernel alone: the non-causal one, with dQ's 32 accumulators pinned
-      // for it, spilled 28 bytes and ran slower (H100, config 0: 586-590 against 580-584 us; causal
-      // 444 against 461 with S and dP by wgmma; results/mha_mid_wgmma_causal-h100.json).
-      if constexpr (kWgmma && kCausal) {
+      // By wgmma on Hopper. (With dV and dK by mma.sync the non-causal kernel took it by mma.sync:
+      // dQ's 32 accumulators pinned for wgmma spilled 28 bytes there and ran slower, H100, config 0:
+      // 586-590 against 580-584 us, results/mha_mid_wgmma_causal-h100.json. With dV and dK by
+      // wgmma, on an H200: 562 us by wgmma, 632 by mma.sync, 580 before either,
+      // results/mha_mid_wgmma_dvdk-h200.json.)
+      if constexpr (kWgmma) {
         // K itself is B here (keys x head columns, the columns contiguous): N-major.
         uint32_t a[kStep / 16][4];
 #pragma unroll
@@ -384,11 +485,46 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
             });
       }
     }
+    if constexpr (kWgmma) fence_proxy_async();  // P and dS, wgmma's operands below
     __syncthreads();
 
+    // The A operand of X^T (X: P or dS, [query rows, keys]) at rows k0.., keys m0.., and two B
+    // operands of X (dO or Q, [query rows, Dh]) at rows k0.., columns n0.., as ldmatrix's rows.
+    auto at_of = [&](const T* x, int k0_, int m0) {
+      if constexpr (kSwz) return pa(x, k0_ + (lane & 7) + (lane >> 4) * 8, m0 + ((lane >> 3) & 1) * 8);
+      else return at_row(x, lds, k0_, m0, lane);
+    };
+    auto b_of = [&](const T* x, int k0_, int n0) {
+      if constexpr (kSwz) return b_at([&](int r, int cc) { return xa(x, r, cc); }, k0_, n0, lane);
+      else return b_row(x, ld, k0_, n0, lane);
+    };
     // dV = P^T dO and dK = dS^T Q for the step's keys, each tile written through the step's rows of
     // V's or K's array (no longer read).
-    if constexpr (kExact && !kCausal) {
+    if constexpr (kWgmma) {
+      // On Hopper: the step's 64 keys x 32 columns of dV or dK a product (4: a warpgroup each at 256
+      // query rows), by wgmma on the swizzled arrays as they are (P^T and dS^T M-major, dO and Q
+      // N-major), over the query rows from the first that sees the step's keys (causal: row k0; the
+      // rows before are skipped warps', their staging stale). Products of 64 columns (32
+      // accumulators) spilled 196 bytes in the non-causal kernel.
+      // The warpgroup as a warp-uniform value (a shuffle from lane 0), so its descriptors are uniform
+      // registers and the wgmmas issue back to back (from warp / 4 each took four R2URs).
+      const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wgs = warps / 4;
+      const int kb0 = kCausal ? min(k0 / 16, l_blocks) : 0;
+      for (int job = wg; job < 4; job += wgs) {
+        const int which = job & 1, d0 = (job >> 1) * 32;
+        float acc[4][4];
+        zero(acc);
+        const T* a_src = which == 0 ? ps : dss;
+        const T* b_src = which == 0 ? dos : qs;
+        wgmma_ss_mn<T, kCausal>(acc, sw128_desc(a_src + kb0 * 16 * 64), sw128_desc(b_src + kb0 * 16 * 64 + d0),
+                                l_blocks - kb0);
+        const int j0 = k0 + (warp % 4) * 16;
+        const int64_t stride = which == 0 ? p.sdv.l : p.sdk.l;
+        T* const stage = which == 0 ? vs : ks;
+        write_tile<T>(acc, 2, [&](int r, int cc) { return kv(stage, j0 + r, d0 + cc); },
+                      (which == 0 ? dv_out : dk_out) + j0 * stride + d0, stride, kv_len - j0, lane);
+      }
+    } else if constexpr (kExact && !kCausal) {
       // Whole steps of a head size of kD, not causal: tiles of 32 keys x 32 columns, 8 a step (dV
       // and dK, two key pairs, two column halves), so each ldmatrix of dO or Q feeds two key blocks:
       // 4 loads for 8 products where a 16-key tile makes 3 for 4. At 16 warps (256 query rows) half
@@ -410,12 +546,12 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 #pragma unroll 2
         for (int kb = 0; kb < l_blocks; ++kb) {
           uint32_t a0[4], a1[4];
-          ldsm_t(a0, at_row(a_src, lds, kb * 16, kt * 32, lane));
-          ldsm_t(a1, at_row(a_src, lds, kb * 16, kt * 32 + 16, lane));
+          ldsm_t(a0, at_of(a_src, kb * 16, kt * 32));
+          ldsm_t(a1, at_of(a_src, kb * 16, kt * 32 + 16));
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             uint32_t bb[4];
-            ldsm_t(bb, b_row(b_src, ld, kb * 16, d0 + np * 16, lane));
+            ldsm_t(bb, b_of(b_src, kb * 16, d0 + np * 16));
             mma<T>(acc[0][2 * np], a0, bb[0], bb[1]);
             mma<T>(acc[0][2 * np + 1], a0, bb[2], bb[3]);
             mma<T>(acc[1][2 * np], a1, bb[0], bb[1]);
@@ -446,12 +582,12 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 #pragma unroll 4
         for (int kb = kb0; kb < l_blocks; ++kb) {
           uint32_t a[4];
-          ldsm_t(a, at_row(a_src, lds, kb * 16, kt * 16, lane));
+          ldsm_t(a, at_of(a_src, kb * 16, kt * 16));
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             if (np < pairs) {
               uint32_t bb[4];
-              ldsm_t(bb, b_row(b_src, ld, kb * 16, d0 + np * 16, lane));
+              ldsm_t(bb, b_of(b_src, kb * 16, d0 + np * 16));
               mma<T>(acc[2 * np], a, bb[0], bb[1]);
               mma<T>(acc[2 * np + 1], a, bb[2], bb[3]);
             }
@@ -494,7 +630,10 @@ __global__ void __launch_bounds__(kMidWarps * 32, 1) mid_bwd_kernel(MidBwdParams
 
   // dQ, written through the warp's own rows of Q's array (every read of Q done: the barrier above).
   T* dq_out = static_cast<T*>(p.dq) + b * p.sdq.b + h * p.sdq.h + r0 * p.sdq.l;
-  write_rows<T, kD>(dq, 1.f, 1.f, qs + r0 * ld, ld, dq_out, p.sdq.l, q_len - r0, dh, lane);
+  if constexpr (kSwz)
+    write_rows_swz<T>(dq, qs, r0, dq_out, p.sdq.l, q_len - r0, lane);
+  else
+    write_rows<T, kD>(dq, 1.f, 1.f, qs + r0 * ld, ld, dq_out, p.sdq.l, q_len - r0, dh, lane);
 }
 
 template <typename T, int kD>

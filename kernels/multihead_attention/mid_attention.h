@@ -57,7 +57,7 @@ std::size_t mid_bwd_smem(const ShortShape& s);
 
 // Whether the backward launches for this shape on s.device: fp16 or bf16, head size 16, 32, 48 or
 // 64, L and S from 1 to 256, the block's shared memory (Q, K, V, dO, a step's P and dS: 218 KB at
-// 256 x 256 x 64, 211 KB with K and V unpadded in Hopper's swizzled kernel) under the device's
+// 256 x 256 x 64, 195 KB with every array unpadded in Hopper's swizzled kernel) under the device's
 // opt-in limit, compute capability 8.0 or later. Empty `why`
 // where true, else the reason.
 bool mid_supports(const ShortShape& s, std::string* why = nullptr);
