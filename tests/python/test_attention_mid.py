@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from conftest import requires_gpu
-from test_attention import (assert_bit_identical_and_under_graph_replay, assert_refuses_three_projections_and_masks,
-                            core_failures, gpu_case, rel)
+from test_attention import (TOLERANCE, assert_bit_identical_and_under_graph_replay,
+                            assert_refuses_three_projections_and_masks, core_failures, gpu_case, rel)
 
 CORE = "hfnn_mid"
 HEAD_DIMS = [16, 32, 48, 64]
@@ -79,6 +79,59 @@ def test_gpu_batch_and_head_counts(batch, heads, head_dim, length):
     assert not failures, "\n".join(failures)
     if head_dim == 64 and length == 256:
         assert took  # the issue's config 0 shape: cuDNN's forward and this backward both take it
+
+
+def causal_reference(q, kv, w_in, b_in, w_out, b_out, heads):
+    """Causal attention with a top-left mask of [L, S] (query i sees keys 0 to i, as SDPA's
+    is_causal) through these projections, batch first, in the tensors' own dtype (float64 here)."""
+    e = q.shape[-1]
+    qp, kp, vp = q @ w_in[:e].T + b_in[:e], kv @ w_in[e:2 * e].T + b_in[e:2 * e], kv @ w_in[2 * e:].T + b_in[2 * e:]
+    qh, kh, vh = (t.unflatten(-1, (heads, e // heads)).transpose(1, 2) for t in (qp, kp, vp))
+    scores = qh @ kh.transpose(-1, -2) / (e // heads) ** 0.5
+    sees = torch.ones(q.shape[1], kv.shape[1], dtype=torch.bool, device=q.device).tril()
+    o = scores.masked_fill(~sees, float("-inf")).softmax(-1) @ vh
+    return o.transpose(1, 2).flatten(2) @ w_out.T + b_out
+
+
+def test_causal_reference_is_torchs_at_equal_lengths():
+    """The reference above against torch's module with its square causal mask (CPU, float64)."""
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(64, 4, batch_first=True, dtype=torch.float64)
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    mask = nn.Transformer.generate_square_subsequent_mask(9, dtype=torch.float64)
+    want = m(x, x, x, attn_mask=mask, need_weights=False)[0]
+    got = causal_reference(x, x, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, 4)
+    assert torch.allclose(got, want, atol=1e-12, rtol=1e-10)
+    # and a key the queries may not see changes nothing
+    x2 = torch.cat([x, torch.randn(2, 3, 64, dtype=torch.float64)], 1)
+    got2 = causal_reference(x, x2, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, 4)
+    assert torch.allclose(got2, want, atol=1e-12, rtol=1e-10)
+
+
+@requires_gpu
+@pytest.mark.parametrize("length,kv_length", [(1, 256), (64, 128), (64, 256), (65, 192), (128, 256), (192, 256)])
+def test_gpu_causal_with_fewer_queries_than_keys(length, kv_length):
+    """Causal with fewer queries than keys, which the other tests (causal self-attention) never
+    make: in Hopper's swizzled kernel a step whose keys all come after every query row takes no
+    product (its keys' dK and dV are zero). Output and every gradient against float64. Skipped
+    where cuDNN's forward or the backward does not take the shape (supports() says no)."""
+    torch.manual_seed(length * 1000 + kv_length)
+    heads, embed, dtype = 2, 128, torch.bfloat16
+    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+    q = torch.randn(3, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+    kv = torch.randn(3, kv_length, embed, device="cuda", dtype=dtype, requires_grad=True)
+    if not supported(q, kv, kv, heads, True, True):
+        pytest.skip(f"hfnn_mid does not take causal {length} x {kv_length} here")
+    out = torch.ops.hfnn.multi_head_attention(q, kv, kv, heads, m.in_proj_weight, m.in_proj_bias,
+                                              m.out_proj.weight, m.out_proj.bias, True, True, 0.0, CORE)
+    grad = torch.randn_like(out)
+    leaves = [q, kv, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias]
+    grads = torch.autograd.grad(out, leaves, grad)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref = causal_reference(*ref_leaves, heads)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
+    errs = [rel(out, ref)] + [rel(g, r) for g, r in zip(grads, ref_grads)]
+    assert max(errs) < TOLERANCE[dtype], errs
 
 
 @requires_gpu
