@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import hfnn  # noqa: F401  (loads the op library)
+from mha_cpu import timeline_gaps
 
 
 def main():
@@ -91,14 +92,7 @@ def gap_table(call, iters, top=12):
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
     # Idle: where no kernel runs (kernels of other streams may overlap: the latest end so far counts).
-    gaps, busy, end, last = [], 0.0, spans[0][0], spans[0][2]
-    for start, stop, name in spans:
-        if start > end:
-            gaps.append((start - end, last, name))
-        busy += max(0.0, stop - max(start, end))
-        if stop > end:
-            end, last = stop, name
-    wall = end - spans[0][0]
+    busy, wall, gaps = timeline_gaps(spans)
     print(f"  GPU from first to last kernel {wall / iters / 1e3:.3f} ms a call, busy {busy / iters / 1e3:.3f}, "
           f"idle between kernels {sum(g for g, _, _ in gaps) / iters:.1f} us a call ({len(gaps) / iters:g} gaps); "
           f"the longest, us (after -> before):")

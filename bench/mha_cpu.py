@@ -59,6 +59,19 @@ def candidate(torch, m, x, core):
     return call
 
 
+def attention_case(torch, args):
+    """torch's nn.MultiheadAttention at args.config in args.dtype on the GPU (seed 0), batch first,
+    its self-attention input x (requiring grad) and a gradient for its output."""
+    from torch import nn
+
+    b, length, embed, heads = args.config
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+    x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+    return m, x, torch.randn_like(x)
+
+
 def gemm_stats(torch):
     """(heuristic queries, descriptor sets) of hfnn's cuBLASLt wrapper so far; None in a build without it."""
     fn = getattr(torch.ops.hfnn, "_gemm_cache_stats", None)
@@ -224,19 +237,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # a log file gets each line as it is printed
     import torch
-    from torch import nn
 
     if not torch.cuda.is_available():
         sys.exit("bench/mha_cpu.py: needs a CUDA GPU")
     import hfnn  # noqa: F401  (loads the op library)
 
     started = time.perf_counter()
-    b, length, embed, heads = args.config
-    dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
-    x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
-    grad = torch.randn_like(x)
+    m, x, grad = attention_case(torch, args)
     print(f"bench/mha_cpu.py: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"config [B, L, E, heads] = {args.config} {args.dtype}, self-attention, batch_first, need_weights=False, "
           f"{args.calls} profiled calls, {args.timed_calls} timed calls", flush=True)
@@ -245,7 +252,7 @@ def main(argv=None) -> int:
               "dtype": args.dtype, "candidates": {}}
     for title, core in cands:
         if core is not None and not torch.ops.hfnn.multi_head_attention_supports(
-                x, x, x, heads, True, False, 0.0, "" if core == "sdpa_auto" else core):
+                x, x, x, m.num_heads, True, False, 0.0, "" if core == "sdpa_auto" else core):
             print(f"\n== {title}: this core does not take the config on this GPU (dtype, head size or the "
                   f"torch.backends.cuda switches); try another --core", flush=True)
             continue

@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mha import captured  # noqa: E402  (bench/mha.py; imports hfnn, which registers torch.ops.hfnn)
-from mha_cpu import candidate  # noqa: E402
+from mha_cpu import attention_case, candidate  # noqa: E402
 
 FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 
@@ -48,12 +47,7 @@ def main() -> int:
     args = parse_args()
     if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
         sys.exit("mha_clocks_probe.py: needs a CUDA GPU and nvidia-smi on PATH (run it on the GPU machine)")
-    b, length, embed, heads = args.config
-    dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
-    x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
-    grad = torch.randn_like(x)
+    m, x, grad = attention_case(torch, args)
     calls = {"torch": candidate(torch, m, x, None), "hfnn": candidate(torch, m, x, args.core)}
     calls = {k: v for k, v in calls.items() if k in args.candidates}
     fd, log_name = tempfile.mkstemp(suffix=".csv")
