@@ -25,7 +25,9 @@ record says `winner`, `dispatch_calls` (hfnn.dispatch_stats()'s counts in that p
 core's calls, and the fall-backs to torch by reason) and `torch_total_same_process`: torch's own
 path of the same module (the forward the dispatch wrapped) fwd+bwd ms in that process, its rounds
 taken in turn with dispatch's (where a call is host-bound, processes and moments differ by up to 2x
-on the GPU machines, so that is the ratio to quote). --no-dispatch leaves it out. Every candidate
+on the GPU machines, so that is the ratio to quote), and `op_total_same_process`: hfnn's op called
+directly with that core, in turn in the same process (what the routing costs). --no-dispatch leaves
+it out. Every candidate
 is first checked against float64 (outputs and every gradient within 4x the error of torch's module
 in the same dtype).
 
@@ -228,7 +230,7 @@ def dispatch_candidate(config, dtype_name: str, core: str, round_s: float, round
         dispatch_table(db, config, dtype_name, core)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HFNN_")}
         env["HFNN_DISPATCH_DB"] = str(db)
-        out = subprocess.run([sys.executable, __file__, "--dispatch-worker", *map(str, config), dtype_name,
+        out = subprocess.run([sys.executable, __file__, "--dispatch-worker", *map(str, config), dtype_name, core,
                               "--round-s", str(round_s), "--rounds", str(rounds)], capture_output=True, text=True,
                              env=env)
         if out.returncode != 0:
@@ -238,10 +240,11 @@ def dispatch_candidate(config, dtype_name: str, core: str, round_s: float, round
         shutil.rmtree(work, ignore_errors=True)
 
 
-def dispatch_worker(config, dtype_name: str, round_s: float, rounds: int) -> int:
+def dispatch_worker(config, dtype_name: str, core: str, round_s: float, rounds: int) -> int:
     """In a process started with HFNN_DISPATCH_DB: times a plain nn.MultiheadAttention as main()
-    times the `torch` candidate, in turn with torch's own path of the same module in this process,
-    and prints one JSON line with both and what dispatch ran."""
+    times the `torch` candidate, in turn with torch's own path of the same module and with hfnn's op
+    called directly with the table's `core`, both in this process, and prints one JSON line with the
+    three and what dispatch ran."""
     from hfnn import _dispatch
 
     b, length, embed, heads = config
@@ -260,10 +263,12 @@ def dispatch_worker(config, dtype_name: str, round_s: float, rounds: int) -> int
     # torch's own module path in this process too (the forward HFNN_DISPATCH_DB wrapped), its rounds
     # taken in turn with dispatch's: a host-bound call's ratio from the same process and moments.
     unwrapped = nn.MultiheadAttention.forward.__wrapped__
-    walls = interleaved_walls({"torch": lambda: unwrapped(m, x, x, x, need_weights=False), "dispatch": fn}, grad,
-                              round_s, rounds)
+    # hfnn's op called directly with the winning core, in turn too: what routing the module's call
+    # through the table costs, without two processes' hosts in the ratio.
+    walls = interleaved_walls({"torch": lambda: unwrapped(m, x, x, x, need_weights=False), "dispatch": fn,
+                               "op": op_call(m, x, core)}, grad, round_s, rounds)
     (fwd_ms, fwd_cpu), (tot_ms, tot_cpu) = walls[("dispatch", False)], walls[("dispatch", True)]
-    torch_total = walls[("torch", True)][0]
+    torch_total, op_total = walls[("torch", True)][0], walls[("op", True)][0]
     try:
         g_fwd = graphed(fn, grad, False, list(m.parameters()), x)
         g_tot = graphed(fn, grad, True, list(m.parameters()), x)
@@ -273,7 +278,7 @@ def dispatch_worker(config, dtype_name: str, round_s: float, rounds: int) -> int
     op = _dispatch.dispatch_stats()["ops"]["multihead_attention"]
     print(json.dumps({"fwd": [fwd_ms, g_fwd, fwd_cpu],
                       "bwd": [tot_ms - fwd_ms, None if g_tot is None else g_tot - g_fwd, tot_cpu - fwd_cpu],
-                      "total": tot_ms, "torch_total": torch_total, "error": err, "calls": op["calls"]["train"],
+                      "total": tot_ms, "torch_total": torch_total, "op_total": op_total, "error": err, "calls": op["calls"]["train"],
                       "fallbacks": op["fallbacks"]["train"]}))
     return 0
 
@@ -294,7 +299,7 @@ def main() -> int:
                     help="need_weights=False calls (every config and dtype), need_weights=True calls (the 16-bit "
                          "configs: the module returning the head-averaged weights against hfnn's op with the "
                          "cores that return them), or both (default)")
-    ap.add_argument("--dispatch-worker", nargs=5, metavar=("B", "L", "E", "HEADS", "DTYPE"), help=argparse.SUPPRESS)
+    ap.add_argument("--dispatch-worker", nargs=6, metavar=("B", "L", "E", "HEADS", "DTYPE", "CORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rounds < 1 or args.round_s <= 0:
         sys.exit(f"bench/mha.py: --rounds {args.rounds} --round-s {args.round_s}: both must be positive")
@@ -309,8 +314,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         sys.exit("bench/mha.py: needs a CUDA GPU")
     if args.dispatch_worker:
-        *config, dtype_name = args.dispatch_worker
-        return dispatch_worker([int(v) for v in config], dtype_name, args.round_s, args.rounds)
+        *config, dtype_name, core = args.dispatch_worker
+        return dispatch_worker([int(v) for v in config], dtype_name, core, args.round_s, args.rounds)
     dispatch = not args.no_dispatch and shutil.which("hfnn") is not None
     if not args.no_dispatch and not dispatch:
         print("bench/mha.py: the hfnn command is not on PATH, so no `dispatch` candidate (run scripts/setup.sh)",
@@ -368,6 +373,7 @@ def main() -> int:
                     rows["dispatch"] = dict(fwd=tuple(d["fwd"]), bwd=tuple(d["bwd"]), total=d["total"],
                                             error=d["error"], ok=d["error"] <= max(4 * err_torch, 1e-6),
                                             winner=core, torch_total_same_process=round(d["torch_total"], 4),
+                                            op_total_same_process=round(d["op_total"], 4),
                                             dispatch_calls=dict(d["calls"], **{
                                                 f"torch because {k}": n for k, n in d["fallbacks"].items()}))
                     gf, gb = d["fwd"][1], d["bwd"][1]
@@ -377,8 +383,9 @@ def main() -> int:
                           f"bwd {d['bwd'][2]:6.0f} us  ({core}; calls {d['calls']}, fall-backs {d['fallbacks']})",
                           flush=True)
                     print(f"  -> dispatch: fwd+bwd {rows['torch']['total'] / d['total']:.2f}x torch, "
-                          f"{d['torch_total'] / d['total']:.2f}x torch's path timed in turn in its own process, "
-                          f"{d['total'] / rows[best]['total']:.2f}x the op's own call (timed in this process: moments apart)",
+                          f"{d['torch_total'] / d['total']:.2f}x torch's path timed in turn in its own process; "
+                          f"the op's own call there {d['torch_total'] / d['op_total']:.2f}x torch's path, the "
+                          f"dispatched call {d['total'] / d['op_total']:.3f}x the op's time",
                           flush=True)
         for name, r in rows.items():
             for p in ("fwd", "bwd"):
@@ -387,7 +394,7 @@ def main() -> int:
                            dtype=dtype_name, need_weights=nw, **{"pass": p}, candidate=name,
                            wall_ms=round(w, 4), graph_ms=None if g is None else round(g, 4), cpu_us=round(c, 1),
                            max_rel_error=r["error"], correct=r["ok"])
-                for extra in ("winner", "torch_total_same_process", "dispatch_calls"):
+                for extra in ("winner", "torch_total_same_process", "op_total_same_process", "dispatch_calls"):
                     if extra in r:
                         rec[extra] = r[extra]
                 records.append(rec)

@@ -41,6 +41,7 @@ def test_every_hfnn_name_a_script_imports_exists(path):
 @pytest.mark.parametrize("script,options", [
     ("bench/mha.py", ["--no-dispatch", "--configs", "--round-s", "--config", "--dtypes", "--need-weights"]),
     ("bench/mha_cpu.py", ["--compare-torch", "--config", "--core", "--calls", "--json"]),
+    ("bench/experiments/mha_dispatch_cost.py", ["--config", "--core", "--rounds", "--reverse", "--out"]),
 ])
 def test_attention_benchmarks_parse_their_options(script, options):
     """The attention benchmarks the GPU machine runs (issue 11) load and explain their options here."""
