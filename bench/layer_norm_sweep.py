@@ -376,18 +376,23 @@ def pick(recs, pass_, cand=None):
 
 def default_checks(records):
     """The built-in choice against torch's kernel of the same run, per case: (label, default µs,
-    torch µs, what ran fwd / bwd)."""
-    out = []
+    torch µs, what ran fwd / bwd). Where several runs checked a case (a sweep's own `default` records
+    beside a later default-check's file), the newest run's stands, by date, then by its place on the
+    command line: an older run timed an older built-in choice."""
+    checks = {}
     runs = {}
     for r in records:
         runs.setdefault((r.get("run", 0), r["size"], r["dtype"], tuple(r["shape"])), []).append(r)
-    for (_, size, dtype, shape), recs in sorted(runs.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][3][1])):
+    for (run, size, dtype, shape), recs in runs.items():
         tf, tb, df, db = (pick(recs, "fwd", "torch"), pick(recs, "bwd", "torch"), pick(recs, "fwd", "default"),
                           pick(recs, "bwd", "default"))
         if tf and tb and df and db:
-            out.append((f"D={shape[1]} rows={shape[0]} {dtype}", df["median_us"] + db["median_us"],
-                        tf["median_us"] + tb["median_us"], f"{df.get('ran', '?')} / {db.get('ran', '?')}", size))
-    return out
+            when = (max(df.get("date", ""), db.get("date", "")), run)
+            if (size, dtype, shape) not in checks or when > checks[(size, dtype, shape)][0]:
+                checks[(size, dtype, shape)] = (when, (
+                    f"D={shape[1]} rows={shape[0]} {dtype}", df["median_us"] + db["median_us"],
+                    tf["median_us"] + tb["median_us"], f"{df.get('ran', '?')} / {db.get('ran', '?')}", size))
+    return [check for _, (_, check) in sorted(checks.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2][1]))]
 
 
 def summarize(records) -> str:

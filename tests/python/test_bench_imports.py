@@ -198,3 +198,37 @@ def test_layer_norm_sweep_summary_compares_torch_compile_at_every_size(monkeypat
     assert "| 64K | float16 | 1 | 0 | 0.67x (4096) / 0.67x | 0 of 1 | 0.67x (4096) |" in out, out
     assert "- **not met** (1): the best variant beats torch.compile, fwd+bwd (1M elements and more)" in out, out
     assert "  - D=4096 float16 1M: 14.0 vs 14.0 µs" in out, out
+
+
+def test_layer_norm_sweep_summary_checks_the_built_in_choice_of_the_newest_run(monkeypatch):
+    """A sweep file's own `default` records (timed beside torch.compile) and a later default-check's
+    file may both hold a case: `--summarize` judges the built-in choice by the newest run's (by date,
+    then by the files' order), since an older run timed an older choice. A case in one run only is
+    judged from it."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("layer_norm_sweep", ROOT / "bench" / "layer_norm_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+
+    def rec(candidate, d, pass_, us, date, run):
+        return {"gpu": "G", "torch": "t", "date": date, "size": "1M", "dtype": "float16", "pass": pass_,
+                "candidate": candidate, "shape": [sweep.SIZES["1M"] // d, d], "median_us": us, "copy_TBps": 1.0,
+                "achieved_TBps": 0.5, "ran": f"{candidate}-{date}", "run": run}
+
+    records = []
+    # D = 4096: the sweep's old check (run 0, 11-26) had the choice at 0.5x torch; the new check
+    # (run 1, 11-28) at 2x. D = 2048: checked by the old run alone, 1.5x.
+    for d, run, date, (tf, tb), (df, db) in [(4096, 0, "2026-11-26", (5, 5), (10, 10)),
+                                             (4096, 1, "2026-11-28", (6, 6), (3, 3)),
+                                             (2048, 0, "2026-11-26", (6, 6), (4, 4))]:
+        records += [rec("torch", d, "fwd", tf, date, run), rec("torch", d, "bwd", tb, date, run),
+                    rec("default", d, "fwd", df, date, run), rec("default", d, "bwd", db, date, run)]
+    checks = {label: (d_us, t_us) for label, d_us, t_us, _, _ in sweep.default_checks(records)}
+    assert checks == {"D=2048 rows=512 float16": (8, 12), "D=4096 rows=256 float16": (6, 12)}, checks
+    out = sweep.summarize(records)
+    assert "- met: the built-in choice is at least 0.97x torch (fwd+bwd)" in out, out
+    # the same records with the runs' dates swapped: the 0.5x check is the newest, and a miss
+    for r in records:
+        if r["shape"][1] == 4096:
+            r["date"] = "2026-11-28" if r["run"] == 0 else "2026-11-26"
+    assert "**not met** (1): the built-in choice is at least 0.97x torch" in sweep.summarize(records)
