@@ -52,6 +52,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--reverse", action="store_true",
                     help="take the candidates in the opposite order in each round (a check on order effects)")
+    ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                    help="also run CALLS fwd+bwd calls of the op and of the module under torch.profiler (CPU "
+                         "activity) and print each one's ops by self CPU time, to find what the dispatched "
+                         "call adds (default 0: off)")
     ap.add_argument("--out", type=Path, help="write the result here (JSON)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -101,6 +105,22 @@ def main() -> int:
                 return a
 
         nothing = Nothing()
+        profiles = {}
+        for name in ("op", "module") if args.profile > 0 else ():
+            step = mha.training_step(fns[name], grad, True)
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(args.profile):
+                    step()
+                torch.cuda.synchronize()
+            events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+            profiles[name] = [{"op": e.key, "calls": e.count, "self_cpu_us_a_call": round(e.self_cpu_time_total / args.profile, 2)}
+                              for e in events[:25]]
+            print(f"-- {name}: self CPU us a call, top ops ({args.profile} calls under torch.profiler)")
+            for row in profiles[name][:15]:
+                print(f"   {row['self_cpu_us_a_call']:8.2f}  x{row['calls'] / args.profile:5.1f}  {row['op']}")
         cpu = {"attribute_reads_us": per_call_us(attrs),
                "module_call_overhead_us": per_call_us(lambda: nothing(x, x, x, need_weights=False))
                - per_call_us(lambda: nothing.forward(x, x, x, need_weights=False))}
@@ -112,7 +132,8 @@ def main() -> int:
            "per_call": {name: {"fwd_ms": round(walls[(name, False)][0], 4), "fwd_cpu_us": round(walls[(name, False)][1], 1),
                                "train_ms": round(walls[(name, True)][0], 4),
                                "train_cpu_us": round(walls[(name, True)][1], 1)} for name in fns},
-           "cpu": {k: round(v, 2) for k, v in cpu.items()}, "dispatch_calls": stats["calls"]["train"],
+           "cpu": {k: round(v, 2) for k, v in cpu.items()}, "profiles": profiles,
+           "dispatch_calls": stats["calls"]["train"],
            "fallbacks": stats["fallbacks"]["train"]}
     for name, r in out["per_call"].items():
         print(f"{name:8s} fwd {r['fwd_ms']:.4f} ms ({r['fwd_cpu_us']:.0f} us CPU)   fwd+bwd {r['train_ms']:.4f} ms "
