@@ -278,8 +278,8 @@ def dispatch_worker(config, dtype_name: str, core: str, round_s: float, rounds: 
     op = _dispatch.dispatch_stats()["ops"]["multihead_attention"]
     print(json.dumps({"fwd": [fwd_ms, g_fwd, fwd_cpu],
                       "bwd": [tot_ms - fwd_ms, None if g_tot is None else g_tot - g_fwd, tot_cpu - fwd_cpu],
-                      "total": tot_ms, "torch_total": torch_total, "op_total": op_total, "error": err, "calls": op["calls"]["train"],
-                      "fallbacks": op["fallbacks"]["train"]}))
+                      "total": tot_ms, "torch_total": torch_total, "op_total": op_total, "error": err,
+                      "calls": op["calls"]["train"], "fallbacks": op["fallbacks"]["train"]}))
     return 0
 
 
@@ -299,7 +299,8 @@ def main() -> int:
                     help="need_weights=False calls (every config and dtype), need_weights=True calls (the 16-bit "
                          "configs: the module returning the head-averaged weights against hfnn's op with the "
                          "cores that return them), or both (default)")
-    ap.add_argument("--dispatch-worker", nargs=6, metavar=("B", "L", "E", "HEADS", "DTYPE", "CORE"), help=argparse.SUPPRESS)
+    ap.add_argument("--dispatch-worker", nargs=6, metavar=("B", "L", "E", "HEADS", "DTYPE", "CORE"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rounds < 1 or args.round_s <= 0:
         sys.exit(f"bench/mha.py: --rounds {args.rounds} --round-s {args.round_s}: both must be positive")

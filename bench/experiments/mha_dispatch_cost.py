@@ -32,6 +32,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mha  # noqa: E402  (bench/mha.py: its table maker and its timing helpers)
+from mha_cpu import attention_case  # noqa: E402
 
 
 def per_call_us(fn, n=20000):
@@ -64,18 +65,16 @@ def main() -> int:
     from hfnn import _dispatch
     from hfnn._families import multihead_attention as fam
 
-    b, length, embed, heads = args.config
     with tempfile.TemporaryDirectory(prefix="hfnn-dispatch-cost-") as work:
         db = Path(work) / "shapes.db"
-        mha.dispatch_table(db, args.config, args.dtype, args.core)
+        try:
+            mha.dispatch_table(db, args.config, args.dtype, args.core)
+        except RuntimeError as e:  # hfnn profile or tune failed: their own message, one line
+            sys.exit(f"mha_dispatch_cost.py: making the table failed: {str(e).splitlines()[0]}")
         status = _dispatch.install(str(db))
         if not status.get("ok") or fam.torch_forward is None:
             sys.exit(f"mha_dispatch_cost.py: the table did not load or route nn.MultiheadAttention: {status}")
-        dtype = getattr(torch, args.dtype)
-        torch.manual_seed(0)
-        m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
-        x = torch.randn(b, length, embed, device="cuda", dtype=dtype, requires_grad=True)
-        grad = torch.randn_like(x)
+        m, x, grad = attention_case(torch, args)
         route = torch.ops.hfnn.multi_head_attention_dispatch.default
         wrapped = nn.MultiheadAttention.forward
 

@@ -108,30 +108,58 @@ def test_causal_reference_is_torchs_at_equal_lengths():
     assert torch.allclose(got2, want, atol=1e-12, rtol=1e-10)
 
 
+# Causal with fewer queries than keys: the six shapes first run on an H200 (thirty-first session),
+# then every key count the swizzled kernel takes (64 to 256 in steps of 64) and two it does not,
+# each with query counts at every boundary a 16-row tile or a 64-key step has below it.
+FEWER_QUERIES = sorted({(1, 256), (64, 128), (64, 256), (65, 192), (128, 256), (192, 256)} | {
+    (q, kv) for kv in (64, 100, 128, 192, 200, 256)
+    for q in (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255)
+    if q < kv})
+
+
 @requires_gpu
-@pytest.mark.parametrize("length,kv_length", [(1, 256), (64, 128), (64, 256), (65, 192), (128, 256), (192, 256)])
-def test_gpu_causal_with_fewer_queries_than_keys(length, kv_length):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_causal_with_fewer_queries_than_keys(dtype):
     """Causal with fewer queries than keys, which the other tests (causal self-attention) never
     make: in Hopper's swizzled kernel a step whose keys all come after every query row takes no
-    product (its keys' dK and dV are zero). Output and every gradient against float64. Skipped
-    where cuDNN's forward or the backward does not take the shape (supports() says no)."""
-    torch.manual_seed(length * 1000 + kv_length)
-    heads, embed, dtype = 2, 128, torch.bfloat16
-    m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
-    q = torch.randn(3, length, embed, device="cuda", dtype=dtype, requires_grad=True)
-    kv = torch.randn(3, kv_length, embed, device="cuda", dtype=dtype, requires_grad=True)
-    if not supported(q, kv, kv, heads, True, True):
-        pytest.skip(f"hfnn_mid does not take causal {length} x {kv_length} here")
-    out = torch.ops.hfnn.multi_head_attention(q, kv, kv, heads, m.in_proj_weight, m.in_proj_bias,
-                                              m.out_proj.weight, m.out_proj.bias, True, True, 0.0, CORE)
-    grad = torch.randn_like(out)
-    leaves = [q, kv, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias]
-    grads = torch.autograd.grad(out, leaves, grad)
-    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    ref = causal_reference(*ref_leaves, heads)
-    ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
-    errs = [rel(out, ref)] + [rel(g, r) for g, r in zip(grads, ref_grads)]
-    assert max(errs) < TOLERANCE[dtype], errs
+    product (its keys' dK and dV are zero). Output and every gradient against float64, at every
+    shape of FEWER_QUERIES the core takes (supports() says which: cuDNN's forward may refuse)."""
+    heads, embed = 2, 128
+    failures, ran = [], 0
+    for length, kv_length in FEWER_QUERIES:
+        torch.manual_seed(length * 1000 + kv_length)
+        m = nn.MultiheadAttention(embed, heads, batch_first=True, device="cuda", dtype=dtype)
+        q = torch.randn(3, length, embed, device="cuda", dtype=dtype, requires_grad=True)
+        kv = torch.randn(3, kv_length, embed, device="cuda", dtype=dtype, requires_grad=True)
+        if not supported(q, kv, kv, heads, True, True):
+            continue
+        ran += 1
+        out = torch.ops.hfnn.multi_head_attention(q, kv, kv, heads, m.in_proj_weight, m.in_proj_bias,
+                                                  m.out_proj.weight, m.out_proj.bias, True, True, 0.0, CORE)
+        grad = torch.randn_like(out)
+        leaves = [q, kv, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias]
+        grads = torch.autograd.grad(out, leaves, grad)
+        ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+        ref = causal_reference(*ref_leaves, heads)
+        ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
+        errs = [rel(out, ref)] + [rel(g, r) for g, r in zip(grads, ref_grads)]
+        if max(errs) >= TOLERANCE[dtype]:
+            failures.append(f"{dtype} causal {length} x {kv_length}: errors {', '.join(f'{e:.1e}' for e in errs)}")
+    assert not failures, "\n".join(failures[:30])
+    print(f"{dtype}: ran {ran} of {len(FEWER_QUERIES)} shapes")
+    assert ran >= 6, ran  # the six of the first run took the core on the H200
+
+
+def test_fewer_queries_shapes_cover_the_first_run_and_every_step():
+    """The GPU test's shapes: the first six, queries fewer than keys everywhere, every key count of
+    64 to 256 in steps of 64 with query counts on both sides of 16 and 64, and key counts the
+    swizzled kernel does not take (100, 200)."""
+    assert {(1, 256), (64, 128), (64, 256), (65, 192), (128, 256), (192, 256)} <= set(FEWER_QUERIES)
+    assert all(q < kv for q, kv in FEWER_QUERIES)
+    for kv in (64, 128, 192, 256):
+        qs = {q for q, k in FEWER_QUERIES if k == kv}
+        assert {1, 15, 16, 17, 63} <= qs and max(qs) == kv - 1, (kv, sorted(qs))
+    assert {k for _, k in FEWER_QUERIES} == {64, 100, 128, 192, 200, 256}
 
 
 @requires_gpu
