@@ -12,6 +12,8 @@
 #   ignored: it travels)
 #   PART=4 ...   the row-register variants, then defaults-refresh with the four parts (its files under
 #                OUT, as scripts/device_run.sh says)
+#   PART=wide, then PART=wide-defaults: every fwd_wide* and bwd_wide* variant alone, then the
+#                built-in choice from that part (a change to layer_norm_wide.cu alone)
 #   then here: copy them as bench/README.md's "Swept again and the built-in choice rebuilt" says, and
 #   delete tmp_parts/ before committing.
 # The sweep writes its file after every case, so a part cut short by its timeout still brings back
@@ -36,5 +38,12 @@ case "${PART:-1}" in
      part part4 'fwd_regs_*' 'bwd_regs_*'
      REFRESH_PARTS="tmp_parts/h200-part1.json tmp_parts/h200-part2.json tmp_parts/h200-part3.json $OUT/h200-part4.json" \
        SWEEP_TIMEOUT=230 bash scripts/device_run.sh defaults-refresh 2>&1 | tail -6 ;;
-  *) echo "PART=${PART}: 1, 2, 3 or 4"; exit 2 ;;
+  # A change to the wide kernels alone (layer_norm_wide.cu; thirty-second session, the block sums by
+  # butterfly): every wide variant in one part, then the built-in choice from it in a second call.
+  wide) part wide 'bwd_wide*' 'fwd_wide*' ;;
+  wide-defaults)
+     [ -f tmp_parts/h200-wide.json ] || { echo "tmp_parts/h200-wide.json missing: run PART=wide and copy its file first"; exit 1; }
+     REFRESH_PARTS="tmp_parts/h200-wide.json" SWEEP_TIMEOUT=${CHECK_TIMEOUT:-300} \
+       bash scripts/device_run.sh defaults-refresh 2>&1 | tail -6 ;;
+  *) echo "PART=${PART}: 1, 2, 3, 4, wide or wide-defaults"; exit 2 ;;
 esac

@@ -181,7 +181,16 @@ __device__ __forceinline__ void opaque(Pack<T, kBytes>& v) {
 // fixed order through `buf` (one slot per warp of the block). Every thread of the block calls it;
 // every thread of a group gets its group's total. Alternate between two buffers from call to call:
 // a buffer is written again only after a later barrier, which every reader of it has passed.
-template <typename V>
+// The warps' totals are summed by butterfly across the lanes (lane l reads slot l % 16, zero past
+// the group's warps; at most 16 warps: kMaxThreads): one load a thread and four shuffles instead of
+// a loop over the slots, the same bits in every lane. H200, 16M elements (bench/README.md, "The
+// block sums by butterfly"): the wide forward 1.03-1.09x in 16-bit (fwd_wide_c1, fwd_wide_win_c1),
+// up to 1.9x in float32 rows not 16-byte aligned (8 bytes an access), the backward 1.0-1.25x.
+// kLoop keeps the loop over the slots: the window backward's dx alone (the base of
+// bwd_wide_win_c*_cols) takes it, where the butterfly's fewer registers (98 -> 84 in bf16) put two
+// of its blocks on an SM instead of one and left no room for the column kernel that runs beside it
+// (programmatic dependent launch, layer_norm_cols.cu): 52 -> 78 us at 4,097 bf16 columns.
+template <typename V, bool kLoop = false>
 __device__ __forceinline__ V group_total(V v, V* buf) {
   if constexpr (sizeof(V) == sizeof(float)) {
     v = group_sum<32>(v);
@@ -195,16 +204,26 @@ __device__ __forceinline__ V group_total(V v, V* buf) {
   if (threadIdx.x % 32 == 0) buf[warp] = v;
   __syncthreads();
   const V* mine = buf + threadIdx.y * warps;
-  V t = mine[0];
-  for (int w = 1; w < warps; ++w) {
+  if constexpr (kLoop) {
+    V t = mine[0];
+    for (int w = 1; w < warps; ++w) {
+      if constexpr (sizeof(V) == sizeof(float)) {
+        t += mine[w];
+      } else {
+        t.x += mine[w].x;
+        t.y += mine[w].y;
+      }
+    }
+    return t;
+  } else {
+    const int slot = threadIdx.x % 16;
     if constexpr (sizeof(V) == sizeof(float)) {
-      t += mine[w];
+      return group_sum<16>(slot < warps ? mine[slot] : 0.f);
     } else {
-      t.x += mine[w].x;
-      t.y += mine[w].y;
+      const V t = slot < warps ? mine[slot] : V{0.f, 0.f};
+      return V{group_sum<16>(t.x), group_sum<16>(t.y)};
     }
   }
-  return t;
 }
 
 // Elements of the row in cluster rank r's part.
@@ -736,7 +755,7 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
       opaque(xs[i]);
       opaque(ds[i]);
     }
-    sums = group_total(sums, red[parity]);
+    sums = group_total<float2, kWin && !kSmemSums>(sums, red[parity]);  // kLoop: see group_total
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (!kClustered) {
       if (C > 1) cluster.sync();  // never taken: as in the forward (fwd_wide_body)
