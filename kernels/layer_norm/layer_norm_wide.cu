@@ -184,8 +184,9 @@ __device__ __forceinline__ void opaque(Pack<T, kBytes>& v) {
 // The warps' totals are summed by butterfly across the lanes (lane l reads slot l % 16, zero past
 // the group's warps; at most 16 warps: kMaxThreads): one load a thread and four shuffles instead of
 // a loop over the slots, the same bits in every lane. H200, 16M elements (bench/README.md, "The
-// block sums by butterfly"): the wide forward 1.03-1.09x in 16-bit (fwd_wide_c1, fwd_wide_win_c1),
-// up to 1.9x in float32 rows not 16-byte aligned (8 bytes an access), the backward 1.0-1.25x.
+// wide kernels' block sums by butterfly"): the wide forward 1.03-1.09x in 16-bit (fwd_wide_c1,
+// fwd_wide_win_c1), up to 1.9x in float32 rows not 16-byte aligned (8 bytes an access), the
+// backward 1.02-1.25x there.
 // kLoop keeps the loop over the slots: the window backward's dx alone (the base of
 // bwd_wide_win_c*_cols) takes it, where the butterfly's fewer registers (98 -> 84 in bf16) put two
 // of its blocks on an SM instead of one and left no room for the column kernel that runs beside it
