@@ -84,15 +84,19 @@ inline int64_t grid_within_workspace(int64_t grid, const BwdParams& p) {
 inline constexpr int kMaxAccessesPerThread = 8;
 
 // Whether the row-register backward holds exactly the accesses that cover a row (any count to
-// kMaxAccessesPerThread) rather than the power of two at or above it: 16-bit rows in accesses of
-// under 16 bytes (rows not 16-byte aligned), where an access is 1 to 4 elements and a thread's slots
-// past the row (predicated off, still issued) cost the most. H100, bf16, 16M elements: 33 columns
-// at 8 threads a row took 8 two-byte accesses a thread for 5, and bwd_regs_tpr8 ran 1.17x faster
-// with 5; the forward did not gain (0.94-1.02x, so it keeps the powers of two: bench/README.md,
-// "The row-register backward's accesses without empty slots"). Elsewhere powers of two, fewer
-// instantiations.
+// kMaxAccessesPerThread) rather than the power of two at or above it: 16-bit rows, in accesses of
+// any width. Under 16 bytes an access is 1 to 4 elements and a thread's slots past the row
+// (predicated off, still issued) cost the most: H100, bf16, 16M elements, 33 columns at 8 threads
+// a row took 8 two-byte accesses a thread for 5, and bwd_regs_tpr8 ran 1.17x faster with 5. In
+// 16-byte accesses the empty slots cost registers: 768 columns at 32 threads a row took 4 accesses
+// for 3 (165 registers, one block of 256 threads an SM); with 3 (held to 128 registers,
+// regs_min_blocks) two blocks fit, and the best backward ran 1.03-1.13x faster at 96, 160, 192,
+// 320, 384, 640 and 768 columns (H200, bf16 and fp16, 16M elements: bench/README.md, "The
+// row-register backward's 16-byte accesses without empty slots"). The forward did not gain under
+// 16 bytes (0.94-1.02x), so it keeps the powers of two; float32 keeps them too (fewer
+// instantiations).
 inline constexpr bool regs_exact_accesses(int elem_bytes, int access_bytes) {
-  return elem_bytes == 2 && access_bytes < 16;
+  return elem_bytes == 2 && access_bytes <= 16;
 }
 
 // Accesses per thread the row-register variants instantiate for a row: the fewest that cover it
