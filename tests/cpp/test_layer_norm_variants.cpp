@@ -21,6 +21,7 @@ using hfnn::kernels::DType;
 #if HFNN_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/layer_norm/layer_norm_variants.h"
 #include "tests/cpp/cuda_test_util.h"
 
 namespace {
@@ -295,6 +296,35 @@ TEST(LayerNormVariants, EveryTestShapeHasAVariant) {
     for (const auto& v : ln::bwd_variants()) bwd = bwd || v.supports(b);
     EXPECT_TRUE(fwd) << c.name();
     EXPECT_TRUE(bwd) << c.name();
+  }
+}
+
+// The row-register backward holds exactly the accesses that cover a 16-bit row, in every access
+// width (an empty slot cost a 16-byte row of 768 bf16 columns at 32 threads a row one of its two
+// blocks an SM: bench/README.md, "The row-register backward's 16-byte accesses without empty
+// slots"); float32 and the forward keep the smallest power of two that covers the row.
+TEST(LayerNormVariants, RowRegisterBackwardHoldsExactly16BitRows) {
+  for (int access : {2, 4, 8, 16}) EXPECT_TRUE(ln::regs_exact_accesses(2, access)) << access;
+  for (int access : {4, 8, 16}) EXPECT_FALSE(ln::regs_exact_accesses(4, access)) << access;
+  EXPECT_EQ(ln::regs_accesses(768, 8, 32, ln::regs_exact_accesses(2, 16)), 3);
+  EXPECT_EQ(ln::regs_accesses(768, 4, 32, ln::regs_exact_accesses(4, 16)), 8);
+  for (int tpr : {4, 8, 16, 32}) {
+    for (int vec : {1, 2, 4, 8}) {
+      for (int64_t cols = 1; cols <= int64_t{vec} * tpr * (ln::kMaxAccessesPerThread + 1); ++cols) {
+        const int64_t need = (cols + int64_t{vec} * tpr - 1) / (int64_t{vec} * tpr);
+        const int exact = ln::regs_accesses(cols, vec, tpr, true);
+        const int pow2 = ln::regs_accesses(cols, vec, tpr, false);
+        if (need > ln::kMaxAccessesPerThread) {
+          EXPECT_EQ(exact, 0) << cols;
+          EXPECT_EQ(pow2, 0) << cols;
+          continue;
+        }
+        EXPECT_EQ(exact, need) << "tpr " << tpr << " vec " << vec << " cols " << cols;
+        EXPECT_GE(pow2, need) << cols;
+        EXPECT_LT(pow2, 2 * need) << cols;
+        EXPECT_EQ(pow2 & (pow2 - 1), 0) << cols;
+      }
+    }
   }
 }
 
