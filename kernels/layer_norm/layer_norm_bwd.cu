@@ -150,8 +150,9 @@ namespace {
 // Resident blocks the compiler must leave room for, by elements a thread holds per iteration:
 // small slices are latency-bound and want occupancy more than registers. With the prefetch, 4
 // blocks (64 registers) spilled 24 to 64 bytes at 8 elements and 3 blocks spilled at 16, so 8
-// elements get 3 blocks; 24 (three 16-byte accesses of a 16-bit row) get 2, which ptxas meets
-// without spilling (135-138 registers unbounded, one block an SM); larger slices are left unbounded.
+// elements get 3 blocks; 24 (a 16-bit row's three 16-byte accesses, or six 8-byte ones) get 2,
+// which ptxas meets without spilling (the 16-byte ones took 133-138 registers unbounded, one block
+// an SM; the 8-byte ones 124-128 either way); larger slices are left unbounded.
 constexpr int regs_min_blocks(int elements) { return elements <= 8 ? 3 : elements == 24 ? 2 : 1; }
 
 // Software pipelining doubles the registers that hold x and dy; at 64 elements (bf16, 8 accesses)
