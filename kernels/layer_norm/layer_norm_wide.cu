@@ -669,6 +669,16 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
     }
   }
   auto gamma_of = [&](int64_t a, float (&out)[kV]) { load_staged(gamma_s, a - a0, part, out); };
+  // Whether a thread's accesses past the block's part (its last ones, where tpr does not divide the
+  // part) run the row's arithmetic without a branch: x and dy are zeros there (load), so g = 0 and
+  // every sum gains 0, gamma is read at the part's last access (inside the staged range; were it
+  // not finite, the row's sums already are not from that access itself), and only the store of dx
+  // is skipped. One straight line a row lets ptxas schedule the shared-memory
+  // reads of gamma and of the sums across accesses: the register-sum variants 1.03-1.12x and
+  // float32's shared-memory ones 1.00-1.08x on the H200 (bench/README.md, "... its accesses
+  // without a branch: kept"). Not for 16-bit sums in shared memory (16-72 bytes of spill at their
+  // 80- and 128-register bounds: 0.6-0.8x) nor the window variants (their masks decide a row's ends).
+  constexpr bool kStraight = !kWin && !(kSmemSums && sizeof(T) == 2);
 
   // The group's row starting at row0, as loaded: x, dy, mean and rstd (zeros past the end).
   Pack<T, kBytes> next_x[kNv], next_dy[kNv];
@@ -726,11 +736,13 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      if (a >= a1) continue;
+      if constexpr (!kStraight) {
+        if (a >= a1) continue;
+      }
       float xv[kV], dv[kV], gv[kV];
       unpack(xs[i], xv);
       unpack(ds[i], dv);
-      gamma_of(a, gv);
+      gamma_of(!kStraight || a < a1 ? a : a1 - 1, gv);
       float xhat[kV];
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
@@ -781,11 +793,13 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      if (a >= a1) continue;
+      if constexpr (!kStraight) {
+        if (a >= a1) continue;
+      }
       float xv[kV], dv[kV], gv[kV], out[kV];
       unpack(xs[i], xv);
       unpack(ds[i], dv);
-      gamma_of(a, gv);
+      gamma_of(!kStraight || a < a1 ? a : a1 - 1, gv);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         if constexpr (sizeof(T) == 2) {
@@ -796,7 +810,7 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
         }
       }
       if constexpr (kWin) store_window<T>(dx, static_cast<int>(a * kV), lead, end, dx_vector, out);
-      else store_pack(dx + a * kV, pack<T, kBytes>(out));
+      else if (!kStraight || a < a1) store_pack(dx + a * kV, pack<T, kBytes>(out));
     }
   }
 
