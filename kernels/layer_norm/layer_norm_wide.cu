@@ -673,11 +673,13 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
   // part) run the row's arithmetic without a branch: x and dy are zeros there (load), so g = 0 and
   // every sum gains 0, gamma is read at the part's last access (inside the staged range; were it
   // not finite, the row's sums already are not from that access itself), and only the store of dx
-  // is skipped. One straight line a row lets ptxas schedule the shared-memory
-  // reads of gamma and of the sums across accesses: the register-sum variants 1.03-1.12x and
-  // float32's shared-memory ones 1.00-1.08x on the H200 (bench/README.md, "... its accesses
-  // without a branch: kept"). Not for 16-bit sums in shared memory (16-72 bytes of spill at their
-  // 80- and 128-register bounds: 0.6-0.8x) nor the window variants (their masks decide a row's ends).
+  // is skipped. One straight line a row lets ptxas schedule the shared-memory reads of gamma and of
+  // the sums across accesses: the register-sum variants 1.03-1.12x and float32's shared-memory ones
+  // 1.00-1.08x on the H200 (bench/README.md, "... its accesses without a branch: kept"). Not for
+  // 16-bit sums in shared memory (16-72 bytes of spill at their 80- and 128-register bounds:
+  // 0.6-0.8x) nor the window variants (their masks decide a row's ends). (`!kStraight ||` below is
+  // spelled out on purpose: a shorter form that is the same in C++ changes ptxas's schedule in 66
+  // instantiations, and these were measured as they are.)
   constexpr bool kStraight = !kWin && !(kSmemSums && sizeof(T) == 2);
 
   // The group's row starting at row0, as loaded: x, dy, mean and rstd (zeros past the end).
