@@ -578,6 +578,27 @@ constexpr int bwd_min_blocks(int nv) { return nv <= 1 ? 2 : 1; }
 // at every width measured on the H200 (D = 1,024 to 65,536, bf16 and fp16).
 constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 
+// kKeep: the 16-bit sums-in-shared-memory backward at 2 accesses a thread (not kWin, not kBig) with
+// a row's gamma floats held in registers from the sums' pass to dx's (instead of read from shared
+// memory twice) and the row in one straight line (kStraight), bound to 2 blocks of 256 threads an SM
+// (ptxas, sm_90a: 122-126 registers with 16-byte accesses, 95-96 with 8, 70-72 with 4, no spill)
+// where the other is bound to 3 (80 registers, 8 bytes of spill in clusters). Launched where the
+// launch sums dgamma/dbeta and keep_gamma_fits(s): blocks whose threads at 128 registers take at
+// least 7/8 of an SM's 64K (blocks of 256 threads as 32 x 8, 64 x 4, 128 x 2 or 256, and of 160
+// and 224), with at most an eighth of a row-group's accesses past its part. Measured against the
+// other in one call (H200, bf16 and fp16, 16M elements, every bwd_wide_c*_smem, two rounds): 1.00-
+// 1.10x there with 16-byte accesses (median 1.04x; 4,096 columns, c1: 36.3 -> 34.2 us), 1.05-1.25x
+// with 8- and 4-byte ones (1,022 columns, c1: 58.3 -> 47.3 us). Where it is not launched: 0.97-0.99x
+// in blocks of 2 x 96 threads (2 an SM at 128 registers, against 4), 0.94-0.97x where a quarter or
+// more of a row-group's accesses are past the part (the other kernel's branch skips those warps'
+// work), 0.89-0.92x with both; dx alone (the *_smem_cols variants' base) 0.91-1.56x.
+// (bench/README.md, "gamma held across the wide 16-bit backward's passes".)
+inline bool keep_gamma_fits(const WideShape& s) {
+  const int block = s.threads * s.rows;
+  const int per_sm = 65536 / (128 * block) * block;
+  return s.nv == 2 && per_sm * 8 >= 512 * 7 && s.part * 8 >= static_cast<int64_t>(s.threads) * s.nv * 7;
+}
+
 // kSmemSums: each thread's dgamma/dbeta sums live in shared memory, [2 x kNv x kV / kW][256]
 // vectors of kW floats (a warp's vectors contiguous: no bank conflicts), read, added to and written
 // back once a row, instead of 2 x kNv x kV registers: in 16-bit, those registers (more than the
@@ -591,12 +612,14 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // kClustered: the launch's clusters have more than one block (as the forward's): the one-block
 // variants (c1) get instantiations without the exchange, its mbarriers and cluster barriers.
 // kBig: blocks of up to kSmemSumsBigThreads (kSmemSums, not kWin, 8 accesses a thread; wide_shape).
-template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, bool kClustered, bool kBig = false>
+template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, bool kClustered, bool kBig = false,
+          bool kKeep = false>
 __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmemSumsMaxThreads : kMaxThreads,
-                                  kBig ? 1 : kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
+                                  kBig ? 1 : kKeep ? 2 : kSmemSums ? smem_sums_min_blocks(kNv) : bwd_min_blocks(kNv))
     bwd_wide_kernel(const BwdParams p, const int64_t part, const int inbox) {
   static_assert(!kWin || kBytes == 16);
   static_assert(!kBig || (kSmemSums && !kWin && kNv == 8));
+  static_assert(!kKeep || (kSmemSums && !kWin && !kBig && sizeof(T) == 2 && kNv == 2));
   constexpr bool kRegSums = !kSmemSums && !kWin;  // dgamma/dbeta summed in registers
   // [part * kV]: the block's row-groups' dgamma/dbeta, summed in order, where it has more than one
   // (kSmemSums instead: the sums above, [2 x kNv x kV][kStride] floats); then [part * kV]: gamma
@@ -677,10 +700,11 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
   // the sums across accesses: the register-sum variants 1.03-1.12x and float32's shared-memory ones
   // 1.00-1.08x on the H200 (bench/README.md, "... its accesses without a branch: kept"). Not for
   // 16-bit sums in shared memory (16-72 bytes of spill at their 80- and 128-register bounds:
-  // 0.6-0.8x) nor the window variants (their masks decide a row's ends). (`!kStraight ||` below is
-  // spelled out on purpose: a shorter form that is the same in C++ changes ptxas's schedule in 66
-  // instantiations, and these were measured as they are.)
-  constexpr bool kStraight = !kWin && !(kSmemSums && sizeof(T) == 2);
+  // 0.6-0.8x) but kKeep's (128 registers, no spill), nor the window variants (their masks decide a
+  // row's ends). (`!kStraight ||` below is spelled out on purpose: a shorter form that is the same
+  // in C++ changes ptxas's schedule in 66 instantiations, and these were measured as they are.)
+  constexpr bool kStraight = !kWin && (!(kSmemSums && sizeof(T) == 2) || kKeep);
+  float gkeep[kKeep ? kNv : 1][kV];  // kKeep: the row's gamma floats, from the sums' pass to dx's
 
   // The group's row starting at row0, as loaded: x, dy, mean and rstd (zeros past the end).
   Pack<T, kBytes> next_x[kNv], next_dy[kNv];
@@ -745,6 +769,10 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
       unpack(xs[i], xv);
       unpack(ds[i], dv);
       gamma_of(!kStraight || a < a1 ? a : a1 - 1, gv);
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) gkeep[i][k] = gv[k];
+      }
       float xhat[kV];
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
@@ -801,7 +829,12 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
       float xv[kV], dv[kV], gv[kV], out[kV];
       unpack(xs[i], xv);
       unpack(ds[i], dv);
-      gamma_of(!kStraight || a < a1 ? a : a1 - 1, gv);
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) gv[k] = gkeep[i][k];
+      } else {
+        gamma_of(!kStraight || a < a1 ? a : a1 - 1, gv);
+      }
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         if constexpr (sizeof(T) == 2) {
@@ -908,17 +941,23 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
 }
 
 // The backward's kernel of a launch whose clusters have kCluster blocks (as fwd_wide_entry).
-template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, int kCluster, bool kBig = false>
+template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, int kCluster, bool kBig = false,
+          bool kKeep = false>
 constexpr auto bwd_wide_entry() {
-  return bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kWin, (kCluster > 1), kBig>;
+  return bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kWin, (kCluster > 1), kBig, kKeep>;
 }
 
 // Calls g(kernel) with the (not window) backward's kernel for shape s: the big blocks' own
 // instantiation where s has more than kSmemSumsMaxThreads threads (wide_shape allows it only with
-// the sums in shared memory, 8 accesses and clusters of 16); cudaErrorInvalidValue where no
-// instantiation takes s.
+// the sums in shared memory, 8 accesses and clusters of 16), kKeep's where the launch sums dgamma or
+// dbeta (`sums`) and keep_gamma_fits(s) (16-bit sums in shared memory, 2 accesses);
+// cudaErrorInvalidValue where no instantiation takes s.
 template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
-cudaError_t with_bwd_wide_kernel(const WideShape& s, G&& g) {
+cudaError_t with_bwd_wide_kernel(const WideShape& s, bool sums, G&& g) {
+  if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
+    if (sums && s.threads <= kSmemSumsMaxThreads && keep_gamma_fits(s))
+      return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>());
+  }
   if (s.threads <= kSmemSumsMaxThreads || !kSmemSums) return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>());
   if constexpr (kSmemSums && kNv == 8 && kCluster == kSmemSumsBigCluster)
     return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, true>());
@@ -1114,7 +1153,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, [&](auto kernel) {
+           return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p.dgamma || p.dbeta, [&](auto kernel) {
              return shape_fits(kernel, s, smem, kCluster, p.device) ? cudaSuccess : cudaErrorInvalidValue;
            });
          }) == cudaSuccess;
@@ -1127,7 +1166,7 @@ std::size_t bwd_wide_workspace(const BwdParams& p) {
   const WideShape s = wide_shape(p.cols, p.dtype, access, kCluster, true, kSmemSums);
   std::size_t bytes = 0;
   with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, [&](auto kernel) {
+    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p.dgamma || p.dbeta, [&](auto kernel) {
       bytes = 2 * static_cast<std::size_t>(bwd_clusters(kernel, p, s, kCluster, kSmemSums)) *
               static_cast<std::size_t>(p.cols) * sizeof(float);
       return cudaSuccess;
@@ -1143,7 +1182,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, [&](auto kernel) -> cudaError_t {
+    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p.dgamma || p.dbeta, [&](auto kernel) -> cudaError_t {
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
