@@ -583,20 +583,26 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // memory twice) and the row in one straight line (kStraight), bound to 2 blocks of 256 threads an SM
 // (ptxas, sm_90a: 122-126 registers with 16-byte accesses, 95-96 with 8, 70-72 with 4, no spill)
 // where the other is bound to 3 (80 registers, 8 bytes of spill in clusters). Launched where the
-// launch sums dgamma/dbeta and keep_gamma_fits(s): blocks whose threads at 128 registers take at
-// least 7/8 of an SM's 64K (blocks of 256 threads as 32 x 8, 64 x 4, 128 x 2 or 256, and of 160
-// and 224), with at most an eighth of a row-group's accesses past its part. Measured against the
-// other in one call (H200, bf16 and fp16, 16M elements, every bwd_wide_c*_smem, two rounds): 1.00-
-// 1.10x there with 16-byte accesses (median 1.04x; 4,096 columns, c1: 36.3 -> 34.2 us), 1.05-1.25x
-// with 8- and 4-byte ones (1,022 columns, c1: 58.3 -> 47.3 us). Where it is not launched: 0.97-0.99x
-// in blocks of 2 x 96 threads (2 an SM at 128 registers, against 4), 0.94-0.97x where a quarter or
-// more of a row-group's accesses are past the part (the other kernel's branch skips those warps'
-// work), 0.89-0.92x with both; dx alone (the *_smem_cols variants' base) 0.91-1.56x.
-// (bench/README.md, "gamma held across the wide 16-bit backward's passes".)
-inline bool keep_gamma_fits(const WideShape& s) {
-  const int block = s.threads * s.rows;
-  const int per_sm = 65536 / (128 * block) * block;
-  return s.nv == 2 && per_sm * 8 >= 512 * 7 && s.part * 8 >= static_cast<int64_t>(s.threads) * s.nv * 7;
+// launch sums dgamma/dbeta and keep_gamma_fits(s, its registers): its blocks take at least 448
+// threads of an SM by registers, 7/8 of 2 blocks of 256 (with 16-byte accesses: blocks of 256 threads as 32 x 8, 64 x 4,
+// 128 x 2 or 256, and of 160 and 224; with 8 and 4, blocks of 192 too), with at most an eighth of a
+// row-group's accesses past its part. Measured against the other in one call (H200, bf16 and fp16,
+// 16M elements, every bwd_wide_c*_smem, two rounds): 1.00-1.10x there with 16-byte accesses (median
+// 1.04x; 4,096 columns, c1: 36.3 -> 34.2 us), 1.05-1.25x with 8- and 4-byte ones (1,022 columns,
+// c1: 58.3 -> 47.3 us), and 1.06-1.29x in the blocks of 192 threads (2 x 96 or 192) that the
+// register count adds with 8- and 4-byte accesses (766 columns, c1: 61.4 -> 47.6 us), where the
+// first rule, a fixed 128 registers, had left them out. Where it is not launched: 0.97-0.99x in
+// blocks of 2 x 96 threads with 16-byte accesses (2 an SM at 128 registers, 384 threads, against
+// 4), 0.94-0.97x where a quarter or more of a row-group's accesses are past the part (the other
+// kernel's branch skips those warps' work), 0.89-0.92x with both; dx alone (the *_smem_cols
+// variants' base) 0.91-1.56x. (bench/README.md, "gamma held across the wide 16-bit backward's
+// passes".)
+inline bool keep_gamma_fits(const WideShape& s, int regs, int regs_per_sm) {
+  if (regs <= 0 || regs_per_sm <= 0 || s.nv != 2) return false;
+  const int block = s.threads * s.rows;                     // whole warps (wide_shape)
+  const int block_regs = block * ((regs + 7) / 8 * 8);      // registers are allocated 8 a thread at a time
+  const int per_sm = regs_per_sm / block_regs * block;      // threads resident by registers
+  return per_sm >= 448 && s.part * 8 >= static_cast<int64_t>(s.threads) * s.nv * 7;
 }
 
 // kSmemSums: each thread's dgamma/dbeta sums live in shared memory, [2 x kNv x kV / kW][256]
@@ -949,14 +955,17 @@ constexpr auto bwd_wide_entry() {
 
 // Calls g(kernel) with the (not window) backward's kernel for shape s: the big blocks' own
 // instantiation where s has more than kSmemSumsMaxThreads threads (wide_shape allows it only with
-// the sums in shared memory, 8 accesses and clusters of 16), kKeep's where the launch sums dgamma or
-// dbeta (`sums`) and keep_gamma_fits(s) (16-bit sums in shared memory, 2 accesses);
-// cudaErrorInvalidValue where no instantiation takes s.
+// the sums in shared memory, 8 accesses and clusters of 16), kKeep's where p sums dgamma or dbeta
+// and keep_gamma_fits (16-bit sums in shared memory, 2 accesses); cudaErrorInvalidValue where no
+// instantiation takes s.
 template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
-cudaError_t with_bwd_wide_kernel(const WideShape& s, bool sums, G&& g) {
+cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) {
   if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
-    if (sums && s.threads <= kSmemSumsMaxThreads && keep_gamma_fits(s))
-      return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>());
+    if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
+      const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
+      if (keep_gamma_fits(s, kernel_info(reinterpret_cast<const void*>(keep)).regs, p.device.regs_per_sm))
+        return g(keep);
+    }
   }
   if (s.threads <= kSmemSumsMaxThreads || !kSmemSums) return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>());
   if constexpr (kSmemSums && kNv == 8 && kCluster == kSmemSumsBigCluster)
@@ -1153,7 +1162,7 @@ bool bwd_wide_supports(const BwdParams& p) {
   if (!splits(s, kCluster)) return false;
   const std::size_t smem = bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster);
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p.dgamma || p.dbeta, [&](auto kernel) {
+           return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p, [&](auto kernel) {
              return shape_fits(kernel, s, smem, kCluster, p.device) ? cudaSuccess : cudaErrorInvalidValue;
            });
          }) == cudaSuccess;
@@ -1166,7 +1175,7 @@ std::size_t bwd_wide_workspace(const BwdParams& p) {
   const WideShape s = wide_shape(p.cols, p.dtype, access, kCluster, true, kSmemSums);
   std::size_t bytes = 0;
   with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p.dgamma || p.dbeta, [&](auto kernel) {
+    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p, [&](auto kernel) {
       bytes = 2 * static_cast<std::size_t>(bwd_clusters(kernel, p, s, kCluster, kSmemSums)) *
               static_cast<std::size_t>(p.cols) * sizeof(float);
       return cudaSuccess;
@@ -1182,7 +1191,7 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, true, kSmemSums);
   if (!splits(s, kCluster)) return cudaErrorInvalidValue;
   return with_wide<true, kSmemSums>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p.dgamma || p.dbeta, [&](auto kernel) -> cudaError_t {
+    return with_bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kCluster>(s, p, [&](auto kernel) -> cudaError_t {
       if constexpr (kCluster > 8) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
