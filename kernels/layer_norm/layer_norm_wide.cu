@@ -593,7 +593,7 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // register count adds with 8- and 4-byte accesses (766 columns, c1: 61.4 -> 47.6 us), where the
 // first rule, a fixed 128 registers, had left them out. Where it is not launched: 0.97-0.99x in
 // blocks of 2 x 96 threads with 16-byte accesses (2 an SM at 128 registers, 384 threads, against
-// 4), 0.94-0.97x where a quarter or more of a row-group's accesses are past the part (the other
+// 4), 0.94-0.98x where a quarter or more of a row-group's accesses are past the part (the other
 // kernel's branch skips those warps' work), 0.89-0.92x with both; dx alone (the *_smem_cols
 // variants' base) 0.91-1.56x. (bench/README.md, "gamma held across the wide 16-bit backward's
 // passes".)
