@@ -589,7 +589,7 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // row-group's accesses past its part. Measured against the other in one call (H200, bf16 and fp16,
 // 16M elements, every bwd_wide_c*_smem, two rounds): 1.00-1.10x there with 16-byte accesses (median
 // 1.04x; 4,096 columns, c1: 36.3 -> 34.2 us), 1.05-1.25x with 8- and 4-byte ones (1,022 columns,
-// c1: 58.3 -> 47.3 us), and 1.06-1.29x in the blocks of 192 threads (2 x 96 or 192) that the
+// c1: 58-59 -> 47.3-47.4 us), and 1.06-1.29x in the blocks of 192 threads (2 x 96 or 192) that the
 // register count adds with 8- and 4-byte accesses (766 columns, c1: 61.4 -> 47.6 us), where the
 // first rule, a fixed 128 registers, had left them out. Where it is not launched: 0.97-0.99x in
 // blocks of 2 x 96 threads with 16-byte accesses (2 an SM at 128 registers, 384 threads, against
