@@ -46,7 +46,7 @@ PerKernel& entry(const void* kernel, int device) {
   if (!e.known && device >= 0) {
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
-      e.info = {static_cast<int>(attr.sharedSizeBytes), attr.maxThreadsPerBlock, attr.ptxVersion, attr.numRegs};
+      e.info = {static_cast<int>(attr.sharedSizeBytes), attr.maxThreadsPerBlock, attr.ptxVersion};
       e.known = true;
     } else {
       (void)cudaGetLastError();  // this query's own error (cudaFuncGetAttributes sets no sticky state)
@@ -89,7 +89,6 @@ const DeviceInfo& device_info(int device) {
       d.cc_minor = props.minor;
       d.smem_per_block_optin = static_cast<int64_t>(props.sharedMemPerBlockOptin);
       d.max_threads_per_block = props.maxThreadsPerBlock;
-      d.regs_per_sm = props.regsPerMultiprocessor;
       d.cluster_launch = props.clusterLaunch != 0;
       d.pdl = props.major >= 9;
       d.l2_bytes = props.l2CacheSize;

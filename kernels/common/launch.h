@@ -22,7 +22,6 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0;
   int64_t smem_per_block_optin = 0;  // static + dynamic shared memory a block may use, opted in
   int max_threads_per_block = 0;
-  int regs_per_sm = 0;               // 32-bit registers of an SM (64K on Hopper)
   bool cluster_launch = false;  // thread-block clusters (compute capability 9.0 on)
   bool pdl = false;             // programmatic dependent launch (9.0 on)
   int64_t l2_bytes = 0;         // the L2 cache's size
@@ -33,7 +32,6 @@ struct KernelInfo {
   int static_smem = 0;
   int max_threads = 0;  // 0: the kernel cannot be queried (no device): nothing fits
   int ptx_version = 0;  // of the code the kernel was built from (90: sm_90 PTX; 80 if JIT-compiled from sm_80)
-  int regs = 0;         // registers a thread
 };
 
 #if HFNN_WITH_CUDA

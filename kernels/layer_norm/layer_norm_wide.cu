@@ -583,8 +583,8 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // memory twice) and the row in one straight line (kStraight), bound to 2 blocks of 256 threads an SM
 // (ptxas, sm_90a: 122-126 registers with 16-byte accesses, 95-96 with 8, 70-72 with 4, no spill)
 // where the other is bound to 3 (80 registers, 8 bytes of spill in clusters). Launched where the
-// launch sums dgamma/dbeta and keep_gamma_fits(s, its registers): its blocks take at least 448
-// threads of an SM by registers, 7/8 of 2 blocks of 256 (with 16-byte accesses: blocks of 256 threads as 32 x 8, 64 x 4,
+// launch sums dgamma/dbeta and keep_gamma_fits(s, its blocks an SM by the occupancy query): they hold
+// at least 448 threads, 7/8 of 2 blocks of 256 (with 16-byte accesses: blocks of 256 threads as 32 x 8, 64 x 4,
 // 128 x 2 or 256, and of 160 and 224; with 8 and 4, blocks of 192 too), with at most an eighth of a
 // row-group's accesses past its part. Measured against the other in one call (H200, bf16 and fp16,
 // 16M elements, every bwd_wide_c*_smem, two rounds): 1.00-1.10x there with 16-byte accesses (median
@@ -597,13 +597,11 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // kernel's branch skips those warps' work), 0.89-0.92x with both; dx alone (the *_smem_cols
 // variants' base) 0.91-1.56x. (bench/README.md, "gamma held across the wide 16-bit backward's
 // passes".)
-inline bool keep_gamma_fits(const WideShape& s, int regs, int regs_per_sm) {
-  if (regs <= 0 || regs_per_sm <= 0 || s.nv != 2) return false;
-  const int block = s.threads * s.rows;                     // whole warps (wide_shape)
-  const int block_regs = block * ((regs + 7) / 8 * 8);      // registers are allocated 8 a thread at a time
-  const int per_sm = regs_per_sm / block_regs * block;      // threads resident by registers
-  return per_sm >= 448 && s.part * 8 >= static_cast<int64_t>(s.threads) * s.nv * 7;
+inline bool keep_gamma_fits(const WideShape& s, int64_t blocks_per_sm) {
+  return s.nv == 2 && blocks_per_sm * s.threads * s.rows >= 448 &&
+         s.part * 8 >= static_cast<int64_t>(s.threads) * s.nv * 7;
 }
+std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster);  // below
 
 // kSmemSums: each thread's dgamma/dbeta sums live in shared memory, [2 x kNv x kV / kW][256]
 // vectors of kW floats (a warp's vectors contiguous: no bank conflicts), read, added to and written
@@ -963,8 +961,11 @@ cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) 
   if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
     if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
       const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
-      if (keep_gamma_fits(s, kernel_info(reinterpret_cast<const void*>(keep)).regs, p.device.regs_per_sm))
-        return g(keep);
+      // Blocks an SM (resident_clusters with clusters of 1: the cached occupancy query, which
+      // bwd_clusters asks too).
+      const int64_t blocks = resident_clusters(reinterpret_cast<const void*>(keep), s.threads, s.rows,
+                                               bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster), 1, p.device);
+      if (keep_gamma_fits(s, blocks / p.device.sm_count)) return g(keep);
     }
   }
   if (s.threads <= kSmemSumsMaxThreads || !kSmemSums) return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>());
