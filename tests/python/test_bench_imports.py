@@ -232,3 +232,54 @@ def test_layer_norm_sweep_summary_checks_the_built_in_choice_of_the_newest_run(m
         if r["shape"][1] == 4096:
             r["date"] = "2026-11-28" if r["run"] == 0 else "2026-11-26"
     assert "**not met** (1): the built-in choice is at least 0.97x torch" in sweep.summarize(records)
+
+
+def test_layer_norm_defaults_settle_ties_by_the_neighbouring_widths(monkeypatch, tmp_path):
+    """`--defaults`: where two variants are within TIE of each other at a measured width, the first is
+    the one that loses less at the neighbouring widths of the same row alignment and size (the
+    width's ranking also answers for the widths between), if by more than TIE; outside a tie, or
+    without such a difference, the fastest stays first. Neighbours of another alignment class or
+    another size do not count."""
+    import json
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("layer_norm_sweep", ROOT / "bench" / "layer_norm_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.TIE == 0.02
+
+    # tie_order alone: a and b tied at the point (0.06%), a 1.29x the fastest at a neighbour, b 1.05x
+    us = {"a": 6.931, "b": 6.935, "c": 7.5}
+    near = [{"a": 8.231, "b": 6.376, "torch": 9.9}, {"a": 7.786, "b": 8.133, "x": 7.746}]
+    assert sweep.tie_order(["c", "b", "a"], us, near) == ["b", "a", "c"]
+    # b 3% behind at the point: no tie, a stays first whatever the neighbours say
+    assert sweep.tie_order(["a", "b"], {"a": 6.9, "b": 7.107}, near) == ["a", "b"]
+    # tied, but b's worst ratio at the neighbours is not better by more than TIE (1.05 against 1.06)
+    assert sweep.tie_order(["a", "b"], {"a": 1.0, "b": 1.01}, [{"a": 1.06, "b": 1.05, "x": 1.0}]) == ["a", "b"]
+    # a variant not measured at a neighbour (it does not run there) is not judged by it
+    assert sweep.tie_order(["a", "b"], {"a": 1.0, "b": 1.01}, [{"b": 1.5, "x": 1.0}]) == ["a", "b"]
+    assert sweep.tie_order(["a", "b"], {"a": 1.0, "b": 1.01}, [{"a": 1.5, "x": 1.0}]) == ["b", "a"]
+    assert sweep.tie_order([], {}, near) == [] and sweep.tie_order(["a"], us, near) == ["a"]
+
+    # defaults() over records: float16 bwd at 1M elements, widths 1536, 2048, 2560 (16-byte rows),
+    # 2052 (8-byte rows: another class) and 2048 at 16M (another size)
+    def rec(candidate, rows, cols, us):
+        return {"gpu": "G", "torch": "t", "date": "d", "size": "1M", "dtype": "float16", "pass": "bwd",
+                "candidate": candidate, "shape": [rows, cols], "median_us": us, "max_error": 1e-4}
+
+    records = []
+    for rows, cols, a, b in [(683, 1536, 7.786, 8.133), (512, 2048, 6.931, 6.935), (410, 2560, 8.231, 6.376),
+                             (511, 2052, 6.0, 60.0), (8192, 2048, 60.0, 6.0)]:
+        records += [rec("torch", rows, cols, 10.0 * rows * cols / 2 ** 20), rec("v_a", rows, cols, a),
+                    rec("v_b", rows, cols, b)]
+    (tmp_path / "sweep.json").write_text(json.dumps(records))
+    points = {(p["rows"], p["cols"]): p["ranking"] for p in sweep.defaults([tmp_path / "sweep.json"])["gpus"][0]["points"]}
+    assert points[(512, 2048)] == ["v_b", "v_a", "torch"], points
+    # at 1536 v_a leads by 4% (no tie); at 2560 v_b by 29%
+    assert points[(683, 1536)] == ["v_a", "v_b", "torch"] and points[(410, 2560)] == ["v_b", "v_a", "torch"]
+    # the 8-byte width's neighbours are of its own class alone (none here): the fastest stays first
+    assert points[(511, 2052)] == ["v_a", "torch"]
+    assert sweep.neighbours(("float16", "bwd", 512, 2048), {k: None for k in [
+        ("float16", "bwd", 683, 1536), ("float16", "bwd", 410, 2560), ("float16", "bwd", 511, 2052),
+        ("float16", "bwd", 8192, 2048), ("float16", "bwd", 8192, 2560), ("float16", "fwd", 410, 2560),
+        ("float16", "bwd", 1024, 1024)]}) == [("float16", "bwd", 683, 1536), ("float16", "bwd", 410, 2560)]
