@@ -4,7 +4,7 @@
 #      yes against float64; LN_AB_TESTS=0 skips it; LN_AB_TEST_K another -k selection, e.g.
 #      "wide or row_count" for the wide variants, 46 tests in about 190 s on an H100)
 #   2. HEAD's library against this build's (device_ab.sh: base, new, base2, new2) for the variants
-#      LN_AB_VARIANTS (globs) at LN_AB_WIDTHS, 16M elements, LN_AB_DTYPES
+#      LN_AB_VARIANTS (globs) at LN_AB_WIDTHS, LN_AB_SIZES (default 16M; e.g. "16M 1M"), LN_AB_DTYPES
 # Build first, here: bash scripts/device_wheel.sh --baseline (carry .devbuild; the layer_norm_*.json
 # results other than the two sweeps may be moved aside for the 64 MiB carry). With H200_BENCH=1 on
 # an H200 it runs the issues' H200 benchmarks instead (device_start.sh). The twenty-fourth session's:
@@ -28,7 +28,7 @@ variants=$(for v in $LN_AB_VARIANTS; do printf "'%s' " "$v"; done)
 set +f
 widths=${LN_AB_WIDTHS:-"32 33 34 36 48 63 64 96 98 100 127 128 160 192 255 256 257 320 384 402 500 512"}
 AB_RUNS=${LN_AB_RUNS:-"base new base2 new2"} AB_TIMEOUT=${LN_AB_TIMEOUT:-90} OUT="$OUT/ab" bash scripts/device_ab.sh \
-  "python3 bench/layer_norm_sweep.py --out \$AB_OUT/ab.json --candidates variants ${LN_AB_COPY-copy} --sizes 16M --dtypes ${LN_AB_DTYPES:-float32 bfloat16 float16} --widths $widths --variants $variants" \
+  "python3 bench/layer_norm_sweep.py --out \$AB_OUT/ab.json --candidates variants ${LN_AB_COPY-copy} --sizes ${LN_AB_SIZES:-16M} --dtypes ${LN_AB_DTYPES:-float32 bfloat16 float16} --widths $widths --variants $variants" \
   | grep -E "device_ab|wrote|FAILED" | tail -12
 # One file back instead of eight (a call returns at most eight: the twenty-fifth session lost three
 # runs' files to that limit when other steps followed in the same call).

@@ -195,6 +195,8 @@ template <typename V, bool kLoop = false>
 __device__ __forceinline__ V group_total(V v, V* buf) {
   if constexpr (sizeof(V) == sizeof(float)) {
     v = group_sum<32>(v);
+  } else if constexpr (sizeof(V) == sizeof(float4)) {
+    v = V{group_sum<32>(v.x), group_sum<32>(v.y), group_sum<32>(v.z), group_sum<32>(v.w)};
   } else {
     v.x = group_sum<32>(v.x);
     v.y = group_sum<32>(v.y);
@@ -220,6 +222,9 @@ __device__ __forceinline__ V group_total(V v, V* buf) {
     const int slot = threadIdx.x % 16;
     if constexpr (sizeof(V) == sizeof(float)) {
       return group_sum<16>(slot < warps ? mine[slot] : 0.f);
+    } else if constexpr (sizeof(V) == sizeof(float4)) {
+      const V t = slot < warps ? mine[slot] : V{0.f, 0.f, 0.f, 0.f};
+      return V{group_sum<16>(t.x), group_sum<16>(t.y), group_sum<16>(t.z), group_sum<16>(t.w)};
     } else {
       const V t = slot < warps ? mine[slot] : V{0.f, 0.f};
       return V{group_sum<16>(t.x), group_sum<16>(t.y)};
@@ -944,12 +949,232 @@ __global__ void __launch_bounds__(kBig ? kSmemSumsBigThreads : kSmemSums ? kSmem
 #endif
 }
 
+// The sums in shared memory (`sums`: this thread's first slot, kSmemSumsMaxThreads apart) folded
+// over the block's row-groups in a fixed order (group g adds the running total of groups 0 .. g - 1,
+// in the slots of its lane's thread in group g - 1, to its own) and written by the last group as the
+// block's partial rows of dgamma and dbeta (aligned rows: not the window variants').
+// bwd_wide_pair_kernel's; bwd_wide_kernel keeps its own copy of the fold (its window variants write
+// by column): calling this from it changed ptxas's code in 95 of its instantiations (registers and
+// instruction order, inside the main loop too; sm_90a, 2026-11-29), which were measured as they are.
+template <int kNv, int kV, int kW>
+__device__ __forceinline__ void fold_smem_sums(const BwdParams& p, SumVec<kW>* sums, int64_t cols, int64_t clusters,
+                                               int64_t cid, int64_t a0, int64_t a1, int tpr, int lane, int group) {
+  constexpr int kQ = kV / kW;
+  constexpr int kStride = kSmemSumsMaxThreads;
+  using Sum = SumVec<kW>;
+  float* partials = static_cast<float*>(p.workspace);
+  const int groups = blockDim.y;
+  for (int g = 1; g < groups; ++g) {
+    __syncthreads();
+    if (group == g) {
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        if (a0 + i * tpr + lane >= a1) continue;
+#pragma unroll
+        for (int j = 0; j < 2 * kQ; ++j) {
+          Sum mine = sums[(i * 2 * kQ + j) * kStride];
+          Sum before = sums[(i * 2 * kQ + j) * kStride - tpr];
+#pragma unroll
+          for (int k = 0; k < kW; ++k) sum_lane<kW>(mine, k) += sum_lane<kW>(before, k);
+          sums[(i * 2 * kQ + j) * kStride] = mine;
+        }
+      }
+    }
+  }
+  if (group != groups - 1) return;
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+    const int64_t a = a0 + i * tpr + lane;
+    if (a >= a1) continue;
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      Sum* dst = reinterpret_cast<Sum*>(partials + (which * clusters + cid) * cols + a * kV);
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) dst[j] = sums[(i * 2 * kQ + which * kQ + j) * kStride];
+    }
+  }
+}
+
+// bwd_wide_pair_kernel: the 16-bit shared-memory-sum backward at 2 accesses a thread in one-block
+// rows (c1) with 4- or 8-byte accesses, two rows of each row-group at a time (rows r and r +
+// stride): both rows' dgamma/dbeta terms go into the thread's sums in shared memory on one read and
+// one write of them (the same order of additions as a row at a time), gamma is read from shared
+// memory once a pass for the two, their row sums take one block reduction (float4, one barrier),
+// and the next two rows are in flight through them. Bound to 2 blocks of 256 threads an SM as
+// kKeep (ptxas, sm_90a: 121-128 registers with 8-byte accesses, 96 with 4, no spill). Launched by
+// bwd_wide_c1_smem where kKeep would be (keep_gamma_fits) and each row-group of the grid has at
+// least kPairRowsPerGroup rows. Against kKeep in one call (H200, bf16 and fp16, base/new twice):
+// 1.07-1.15x at 16M elements (254, 382, 500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M (254,
+// 766, 1,022, 2,044), 0.99-1.02x where it is not launched. Not with 16-byte accesses: with the next
+// rows in flight ptxas spilled 64-92 bytes at 128 registers, and loading each two rows at the top of
+// their round instead ran 0.91-0.96x (1,000, 1,024, 2,048 and 4,096 columns, 16M). (bench/README.md,
+// "Two rows a round in the wide 16-bit backward".)
+template <typename T, int kNv, int kBytes>
+__global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
+    bwd_wide_pair_kernel(const BwdParams p, const int64_t part, const int /*inbox: no cluster*/) {
+  static_assert(sizeof(T) == 2 && kBytes < 16);
+  extern __shared__ __align__(16) float fold[];
+  constexpr int kV = kVec<T, kBytes>;
+  constexpr int kW = kV;  // 2 or 4 floats: one sum vector an access for dgamma, one for dbeta
+  constexpr int kQ = 1;
+  using Sum = SumVec<kW>;
+  constexpr int kStride = kSmemSumsMaxThreads;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  Sum* const sums = reinterpret_cast<Sum*>(fold) + tid;
+  __shared__ float4 red[2][32];
+  const int lane = threadIdx.x, group = threadIdx.y;
+  const int tpr = blockDim.x;
+  const int64_t cols = p.cols, acc = cols / kV;
+  const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
+  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * kStride]; };
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const bool want_params = p.dgamma || p.dbeta;
+  wait_for_previous_grid();
+  allow_next_grid();
+  float* const gamma_s = fold + kStride * kNv * kV * 2;
+  if (want_params) {
+#pragma unroll
+    for (int i = 0; i < kNv; ++i)
+#pragma unroll
+      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};
+  }
+  auto gamma_of = [&](int64_t a, float (&out)[kV]) { load_staged(gamma_s, a - a0, part, out); };
+  // The group's two rows from row0 (row0 + group and row0 + stride + group), as loaded: zeros past
+  // the end (they add nothing to the sums and store nothing).
+  Pack<T, kBytes> next_x[2][kNv], next_dy[2][kNv];
+  float next_mean[2] = {0.f, 0.f}, next_rstd[2] = {0.f, 0.f};
+  auto load = [&](int64_t row0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = row0 + r * stride + group;
+      const bool valid = row < p.rows;
+      const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+      const T* __restrict__ dy = static_cast<const T*>(p.dy) + row * cols;
+      next_mean[r] = valid ? p.mean[row] : 0.f;
+      next_rstd[r] = valid ? p.rstd[row] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        const int64_t a = a0 + i * tpr + lane;
+        if (valid && a < a1) {
+          next_x[r][i] = load_pack<T, kBytes>(x + a * kV);
+          next_dy[r][i] = load_pack<T, kBytes>(dy + a * kV);
+        } else {
+          next_x[r][i] = next_dy[r][i] = zero_pack<T, kBytes>();
+        }
+      }
+    }
+  };
+  const int64_t first = cid * blockDim.y;
+  if (first < p.rows) load(first);
+  stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);
+  __syncthreads();
+  for (int64_t row0 = first, it = 0; row0 < p.rows; row0 += 2 * stride, ++it) {
+    const int parity = static_cast<int>(it & 1);
+    Pack<T, kBytes> xs[2][kNv], ds[2][kNv];
+    float mean[2], rstd[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mean[r] = next_mean[r];
+      rstd[r] = next_rstd[r];
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        xs[r][i] = next_x[r][i];
+        ds[r][i] = next_dy[r][i];
+      }
+    }
+    if (row0 + 2 * stride < p.rows) load(row0 + 2 * stride);  // in flight through these two rows
+    float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);  // row 0's sum of g and of g * xhat, then row 1's
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      const int64_t ga = (a < a1 ? a : a1 - 1) - a0;
+      // A sum vector (kW floats) at a time: its gamma, both rows' terms, one read and one write of
+      // the thread's dgamma and dbeta vectors for the two rows.
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        float gq[kW];
+        load_staged(gamma_s, ga, part, gq);
+        Sum sg = want_params ? slot(i, j) : Sum{}, sb = want_params ? slot(i, kQ + j) : Sum{};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float xv[kV], dv[kV];
+          unpack(xs[r][i], xv);
+          unpack(ds[r][i], dv);
+#pragma unroll
+          for (int k = 0; k < kW; ++k) {
+            const int e = j * kW + k;
+            // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
+            const float xhat = (xv[e] - mean[r]) * rstd[r];
+            const float g = dv[e] * gq[k];
+            if (r == 0) {
+              rs.x += g;
+              rs.y = fmaf(g, xhat, rs.y);
+            } else {
+              rs.z += g;
+              rs.w = fmaf(g, xhat, rs.w);
+            }
+            sum_lane<kW>(sg, k) = fmaf(dv[e], xhat, sum_lane<kW>(sg, k));
+            sum_lane<kW>(sb, k) += dv[e];
+          }
+        }
+        if (want_params) {
+          slot(i, j) = sg;
+          slot(i, kQ + j) = sb;
+        }
+      }
+    }
+    if (!p.dx) continue;  // uniform over the grid
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int i = 0; i < kNv; ++i) {
+        opaque(xs[r][i]);
+        opaque(ds[r][i]);
+      }
+    rs = group_total<float4>(rs, red[parity]);
+    float ca[2], cx[2], bx[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ca[r] = rstd[r];
+      const float cb = -ca[r] * (r == 0 ? rs.x : rs.z) * inv_cols;
+      const float cc = -ca[r] * (r == 0 ? rs.y : rs.w) * inv_cols;
+      cx[r] = cc * rstd[r];
+      bx[r] = cb - cx[r] * mean[r];
+    }
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      float gv[kV];
+      gamma_of(a < a1 ? a : a1 - 1, gv);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = row0 + r * stride + group;
+        float xv[kV], dv[kV], out[kV];
+        unpack(xs[r][i], xv);
+        unpack(ds[r][i], dv);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) out[k] = fmaf(ca[r], dv[k] * gv[k], fmaf(cx[r], xv[k], bx[r]));
+        if (a < a1 && row < p.rows) store_pack(static_cast<T*>(p.dx) + row * cols + a * kV, pack<T, kBytes>(out));
+      }
+    }
+  }
+  if (want_params) fold_smem_sums<kNv, kV, kW>(p, sums, cols, clusters, cid, a0, a1, tpr, lane, group);
+}
+
 // The backward's kernel of a launch whose clusters have kCluster blocks (as fwd_wide_entry).
 template <typename T, int kNv, int kBytes, bool kSmemSums, bool kWin, int kCluster, bool kBig = false,
           bool kKeep = false>
 constexpr auto bwd_wide_entry() {
   return bwd_wide_kernel<T, kNv, kBytes, kSmemSums, kWin, (kCluster > 1), kBig, kKeep>;
 }
+
+template <typename K>
+int64_t bwd_clusters(K kernel, const BwdParams& p, const WideShape& s, int cluster, bool smem_sums);  // below
+// bwd_wide_pair_kernel's launches: at least this many rows for each row-group of the grid (H200, 1M
+// elements, 16-bit: 2 rows, 500 columns, 0.94-0.95x the kept-gamma kernel; 3.5 to 4 rows, 766 and
+// 1,022 columns, 1.14-1.22x).
+constexpr int64_t kPairRowsPerGroup = 3;
 
 // Calls g(kernel) with the (not window) backward's kernel for shape s: the big blocks' own
 // instantiation where s has more than kSmemSumsMaxThreads threads (wide_shape allows it only with
@@ -958,6 +1183,16 @@ constexpr auto bwd_wide_entry() {
 // instantiation takes s.
 template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
 cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) {
+  if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2 && kCluster == 1 && kBytes < 16) {
+    if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
+      const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes>;
+      const int64_t blocks = resident_clusters(reinterpret_cast<const void*>(pair), s.threads, s.rows,
+                                               bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster), 1, p.device);
+      if (keep_gamma_fits(s, blocks / p.device.sm_count) &&
+          p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows)
+        return g(pair);
+    }
+  }
   if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
     if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
       const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
