@@ -1,7 +1,9 @@
 // Which LayerNorm kernel runs when no tuned table names one: the built-in choice. It is data, not
 // rules: bench/layer_norm_sweep.py measures torch and every variant over widths, dtypes and sizes
 // on each GPU and writes, per measured point, the variants faster than torch there, fastest first
-// (src/layer_norm_defaults.json, compiled into the library). A call takes the ranking of the
+// (within 2% of the fastest, the one that loses less at the neighbouring measured widths first:
+// the point's ranking also answers for the widths between; src/layer_norm_defaults.json, compiled
+// into the library). A call takes the ranking of the
 // nearest measured point on its GPU (same row alignment, width within 4x) and runs the first
 // variant that supports it; torch's kernel where torch ranks first, where no variant of the
 // ranking takes the input, where nothing near was measured, and on GPUs of an architecture the
