@@ -391,7 +391,8 @@ def defaults(files) -> dict:
     for g in gpus.values():
         # Each point's candidates (hfnn's built-in choice and the other references left out) at
         # their median time.
-        medians = {key: {c: statistics.median(t) for c, t in times.items() if c not in REFERENCES[1:] + ("hfnn",)}
+        left_out = [c for c in REFERENCES if c != "torch"] + ["hfnn"]
+        medians = {key: {c: statistics.median(t) for c, t in times.items() if c not in left_out}
                    for key, times in g["times"].items() if "torch" in times}
         pts = []
         for key, us in medians.items():
@@ -408,8 +409,8 @@ def defaults(files) -> dict:
 def write_defaults(target: Path, files) -> None:
     data = defaults(files)
     # One point per line: diffs stay readable when a sweep is re-run.
-    lines = ["{", f' "generated_by": {json.dumps(data["generated_by"])},', f' "margin": {data["margin"]},', f' "tie": {data["tie"]},',
-             f' "sources": {json.dumps(data["sources"])},', ' "gpus": [']
+    lines = ["{", f' "generated_by": {json.dumps(data["generated_by"])},', f' "margin": {data["margin"]},',
+             f' "tie": {data["tie"]},', f' "sources": {json.dumps(data["sources"])},', ' "gpus": [']
     for i, g in enumerate(data["gpus"]):
         lines.append(f'  {{"name": {json.dumps(g["name"])}, "compute_capability": {json.dumps(g["compute_capability"])}, "points": [')
         lines += [f"   {json.dumps(p)}{',' if j + 1 < len(g['points']) else ''}" for j, p in enumerate(g["points"])]

@@ -1015,8 +1015,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
   static_assert(sizeof(T) == 2 && kBytes < 16);
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
-  constexpr int kW = kV;  // 2 or 4 floats: one sum vector an access for dgamma, one for dbeta
-  constexpr int kQ = 1;
+  constexpr int kW = kV;  // 2 or 4 floats: one sum vector an access for dgamma (slot 0), one for dbeta (1)
   using Sum = SumVec<kW>;
   constexpr int kStride = kSmemSumsMaxThreads;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -1026,7 +1025,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
   const int tpr = blockDim.x;
   const int64_t cols = p.cols, acc = cols / kV;
   const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
-  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * kStride]; };
+  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 + j) * kStride]; };
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const bool want_params = p.dgamma || p.dbeta;
@@ -1035,9 +1034,10 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
   float* const gamma_s = fold + kStride * kNv * kV * 2;
   if (want_params) {
 #pragma unroll
-    for (int i = 0; i < kNv; ++i)
-#pragma unroll
-      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};
+    for (int i = 0; i < kNv; ++i) {
+      slot(i, 0) = Sum{};
+      slot(i, 1) = Sum{};
+    }
   }
   auto gamma_of = [&](int64_t a, float (&out)[kV]) { load_staged(gamma_s, a - a0, part, out); };
   // The group's two rows from row0 (row0 + group and row0 + stride + group), as loaded: zeros past
@@ -1088,40 +1088,35 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      const int64_t ga = (a < a1 ? a : a1 - 1) - a0;
-      // A sum vector (kW floats) at a time: its gamma, both rows' terms, one read and one write of
-      // the thread's dgamma and dbeta vectors for the two rows.
+      // The access's gamma, both rows' terms, one read and one write of the thread's dgamma and
+      // dbeta vectors for the two rows.
+      float gv[kV];
+      gamma_of(a < a1 ? a : a1 - 1, gv);
+      Sum sg = want_params ? slot(i, 0) : Sum{}, sb = want_params ? slot(i, 1) : Sum{};
 #pragma unroll
-      for (int j = 0; j < kQ; ++j) {
-        float gq[kW];
-        load_staged(gamma_s, ga, part, gq);
-        Sum sg = want_params ? slot(i, j) : Sum{}, sb = want_params ? slot(i, kQ + j) : Sum{};
+      for (int r = 0; r < 2; ++r) {
+        float xv[kV], dv[kV];
+        unpack(xs[r][i], xv);
+        unpack(ds[r][i], dv);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float xv[kV], dv[kV];
-          unpack(xs[r][i], xv);
-          unpack(ds[r][i], dv);
-#pragma unroll
-          for (int k = 0; k < kW; ++k) {
-            const int e = j * kW + k;
-            // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
-            const float xhat = (xv[e] - mean[r]) * rstd[r];
-            const float g = dv[e] * gq[k];
-            if (r == 0) {
-              rs.x += g;
-              rs.y = fmaf(g, xhat, rs.y);
-            } else {
-              rs.z += g;
-              rs.w = fmaf(g, xhat, rs.w);
-            }
-            sum_lane<kW>(sg, k) = fmaf(dv[e], xhat, sum_lane<kW>(sg, k));
-            sum_lane<kW>(sb, k) += dv[e];
+        for (int k = 0; k < kV; ++k) {
+          // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
+          const float xhat = (xv[k] - mean[r]) * rstd[r];
+          const float g = dv[k] * gv[k];
+          if (r == 0) {
+            rs.x += g;
+            rs.y = fmaf(g, xhat, rs.y);
+          } else {
+            rs.z += g;
+            rs.w = fmaf(g, xhat, rs.w);
           }
+          sum_lane<kW>(sg, k) = fmaf(dv[k], xhat, sum_lane<kW>(sg, k));
+          sum_lane<kW>(sb, k) += dv[k];
         }
-        if (want_params) {
-          slot(i, j) = sg;
-          slot(i, kQ + j) = sb;
-        }
+      }
+      if (want_params) {
+        slot(i, 0) = sg;
+        slot(i, 1) = sb;
       }
     }
     if (!p.dx) continue;  // uniform over the grid
@@ -1183,24 +1178,23 @@ constexpr int64_t kPairRowsPerGroup = 3;
 // instantiation takes s.
 template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
 cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) {
-  if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2 && kCluster == 1 && kBytes < 16) {
-    if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
-      const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes>;
-      const int64_t blocks = resident_clusters(reinterpret_cast<const void*>(pair), s.threads, s.rows,
-                                               bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster), 1, p.device);
-      if (keep_gamma_fits(s, blocks / p.device.sm_count) &&
-          p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows)
-        return g(pair);
-    }
-  }
   if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
     if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
+      // A kernel's blocks an SM (resident_clusters with clusters of 1: the cached occupancy query,
+      // which bwd_clusters asks too).
+      auto per_sm = [&](auto kernel) {
+        return resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows,
+                                 bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster), 1, p.device) /
+               p.device.sm_count;
+      };
+      if constexpr (kCluster == 1 && kBytes < 16) {
+        const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes>;
+        if (keep_gamma_fits(s, per_sm(pair)) &&
+            p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows)
+          return g(pair);
+      }
       const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
-      // Blocks an SM (resident_clusters with clusters of 1: the cached occupancy query, which
-      // bwd_clusters asks too).
-      const int64_t blocks = resident_clusters(reinterpret_cast<const void*>(keep), s.threads, s.rows,
-                                               bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster), 1, p.device);
-      if (keep_gamma_fits(s, blocks / p.device.sm_count)) return g(keep);
+      if (keep_gamma_fits(s, per_sm(keep))) return g(keep);
     }
   }
   if (s.threads <= kSmemSumsMaxThreads || !kSmemSums) return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>());
