@@ -67,7 +67,9 @@
 #   ncu       Nsight Compute on the kernels of one call of each case in $NCU_CASES (space-separated
 #             variant:dtype:shape, shape as ROWSxD, e.g. bwd_wide_c1:bfloat16:8192x2048); one log each;
 #             $NCU_KERNELS: another regex of kernel names (e.g. param_cols_kernel, the *_cols variants' sums)
-# The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files).
+# The logs and plots end up in $OUT/logs.tar.gz (the device tool brings back at most 8 files): when
+# it ends it packs and removes every *.log and *.svg in $OUT, a caller's too (a log written there by
+# a command running beside it is lost: 2026-11-29), so a caller keeps its own logs elsewhere.
 # It installs the wheel carried in .devbuild/ (scripts/device_wheel.sh, made on a CPU machine) when
 # that imports with CUDA kernels, and otherwise builds from source with the packages in .deps/
 # (scripts/device_prepare.sh).

@@ -996,26 +996,31 @@ __device__ __forceinline__ void fold_smem_sums(const BwdParams& p, SumVec<kW>* s
 }
 
 // bwd_wide_pair_kernel: the 16-bit shared-memory-sum backward at 2 accesses a thread in one-block
-// rows (c1) with 4- or 8-byte accesses, two rows of each row-group at a time (rows r and r +
-// stride): both rows' dgamma/dbeta terms go into the thread's sums in shared memory on one read and
-// one write of them (the same order of additions as a row at a time), gamma is read from shared
-// memory once a pass for the two, their row sums take one block reduction (float4, one barrier),
-// and the next two rows are in flight through them. Bound to 2 blocks of 256 threads an SM as
-// kKeep (ptxas, sm_90a: 121-128 registers with 8-byte accesses, 96 with 4, no spill). Launched by
-// bwd_wide_c1_smem where kKeep would be (keep_gamma_fits) and each row-group of the grid has at
-// least kPairRowsPerGroup rows. Against kKeep in one call (H200, bf16 and fp16, base/new twice):
-// 1.07-1.15x at 16M elements (254, 382, 500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M (254,
-// 766, 1,022, 2,044), 0.99-1.02x where it is not launched. Not with 16-byte accesses: with the next
-// rows in flight ptxas spilled 64-92 bytes at 128 registers, and loading each two rows at the top of
-// their round instead ran 0.91-0.96x (1,000, 1,024, 2,048 and 4,096 columns, 16M). (bench/README.md,
-// "Two rows a round in the wide 16-bit backward".)
+// rows (c1), two rows of each row-group at a time (rows r and r + stride): both rows' dgamma/dbeta
+// terms go into the thread's sums in shared memory on one read and one write of them (the same
+// order of additions as a row at a time), gamma is read from shared memory once a pass for the two,
+// their row sums take one block reduction (float4, one barrier), and the next two rows are in
+// flight through them. Sum vectors of at most 4 floats (kW): kQ of them an access.
+// - 4- and 8-byte accesses: bound to 2 blocks of 256 threads an SM as kKeep (ptxas, sm_90a: 121-128
+//   registers with 8-byte accesses, 96 with 4, no spill); launched where kKeep would be
+//   (keep_gamma_fits). Against kKeep (H200, bf16 and fp16, base/new twice): 1.07-1.15x at 16M
+//   elements (254, 382, 500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M.
+// - 16-byte accesses: 167-168 registers, so bound to 1 block of 256 an SM (at 2, ptxas spilled 64-92
+//   bytes; loading each two rows at the top of their round instead ran 0.91-0.96x). Blocks of 96 x 2,
+//   160 and 192 threads still fit two an SM; launched there, where kKeep does not fit. Against the
+//   kernel it replaces: 1.02-1.13x at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.15x
+//   at 1M (1,280, 1,288, 2,056), 0.97-1.01x elsewhere. At 1 block of 256 it ran 0.91-0.97x against
+//   kKeep (512, 1,000, 1,024, 2,048, 4,096 columns) and 0.94x against the plain kernel at 768.
+// Each row-group of the grid takes at least kPairRowsPerGroup rows. (bench/README.md, "Two rows a
+// round in the wide 16-bit backward" and "... with 16-byte accesses".)
 template <typename T, int kNv, int kBytes>
-__global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
+__global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
     bwd_wide_pair_kernel(const BwdParams p, const int64_t part, const int /*inbox: no cluster*/) {
-  static_assert(sizeof(T) == 2 && kBytes < 16);
+  static_assert(sizeof(T) == 2);
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
-  constexpr int kW = kV;  // 2 or 4 floats: one sum vector an access for dgamma (slot 0), one for dbeta (1)
+  constexpr int kW = kV < 4 ? kV : 4;  // dgamma's kQ sum vectors an access in slots 0 .. kQ - 1, dbeta's after
+  constexpr int kQ = kV / kW;
   using Sum = SumVec<kW>;
   constexpr int kStride = kSmemSumsMaxThreads;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -1025,7 +1030,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
   const int tpr = blockDim.x;
   const int64_t cols = p.cols, acc = cols / kV;
   const auto [C, rank, a0, a1, cid, clusters, stride] = wide_place(part, acc);
-  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 + j) * kStride]; };
+  auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * kStride]; };
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const bool want_params = p.dgamma || p.dbeta;
@@ -1034,10 +1039,9 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
   float* const gamma_s = fold + kStride * kNv * kV * 2;
   if (want_params) {
 #pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      slot(i, 0) = Sum{};
-      slot(i, 1) = Sum{};
-    }
+    for (int i = 0; i < kNv; ++i)
+#pragma unroll
+      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};
   }
   auto gamma_of = [&](int64_t a, float (&out)[kV]) { load_staged(gamma_s, a - a0, part, out); };
   // The group's two rows from row0 (row0 + group and row0 + stride + group), as loaded: zeros past
@@ -1088,35 +1092,45 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, 2)
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      // The access's gamma, both rows' terms, one read and one write of the thread's dgamma and
-      // dbeta vectors for the two rows.
-      float gv[kV];
-      gamma_of(a < a1 ? a : a1 - 1, gv);
-      Sum sg = want_params ? slot(i, 0) : Sum{}, sb = want_params ? slot(i, 1) : Sum{};
+      const int64_t ga = (a < a1 ? a : a1 - 1) - a0;
+      // A sum vector (kW floats) at a time: its gamma, both rows' terms, one read and one write of
+      // the thread's dgamma and dbeta vectors for the two rows.
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float xv[kV], dv[kV];
-        unpack(xs[r][i], xv);
-        unpack(ds[r][i], dv);
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
-          const float xhat = (xv[k] - mean[r]) * rstd[r];
-          const float g = dv[k] * gv[k];
-          if (r == 0) {
-            rs.x += g;
-            rs.y = fmaf(g, xhat, rs.y);
-          } else {
-            rs.z += g;
-            rs.w = fmaf(g, xhat, rs.w);
-          }
-          sum_lane<kW>(sg, k) = fmaf(dv[k], xhat, sum_lane<kW>(sg, k));
-          sum_lane<kW>(sb, k) += dv[k];
+      for (int j = 0; j < kQ; ++j) {
+        float gq[kW];
+        if constexpr (kV % 4 == 0) {
+          const float4 f = reinterpret_cast<const float4*>(gamma_s)[j * part + ga];
+          gq[0] = f.x, gq[1] = f.y, gq[2] = f.z, gq[3] = f.w;
+        } else {
+          load_staged(gamma_s, ga, part, gq);
         }
-      }
-      if (want_params) {
-        slot(i, 0) = sg;
-        slot(i, 1) = sb;
+        Sum sg = want_params ? slot(i, j) : Sum{}, sb = want_params ? slot(i, kQ + j) : Sum{};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float xv[kV], dv[kV];
+          unpack(xs[r][i], xv);
+          unpack(ds[r][i], dv);
+#pragma unroll
+          for (int k = 0; k < kW; ++k) {
+            const int e = j * kW + k;
+            // xhat = (x - mean) * rstd, a subtraction first: the fma form cancels where |mean| >> std.
+            const float xhat = (xv[e] - mean[r]) * rstd[r];
+            const float g = dv[e] * gq[k];
+            if (r == 0) {
+              rs.x += g;
+              rs.y = fmaf(g, xhat, rs.y);
+            } else {
+              rs.z += g;
+              rs.w = fmaf(g, xhat, rs.w);
+            }
+            sum_lane<kW>(sg, k) = fmaf(dv[e], xhat, sum_lane<kW>(sg, k));
+            sum_lane<kW>(sb, k) += dv[e];
+          }
+        }
+        if (want_params) {
+          slot(i, j) = sg;
+          slot(i, kQ + j) = sb;
+        }
       }
     }
     if (!p.dx) continue;  // uniform over the grid
@@ -1173,9 +1187,9 @@ constexpr int64_t kPairRowsPerGroup = 3;
 
 // Calls g(kernel) with the (not window) backward's kernel for shape s: the big blocks' own
 // instantiation where s has more than kSmemSumsMaxThreads threads (wide_shape allows it only with
-// the sums in shared memory, 8 accesses and clusters of 16), kKeep's where p sums dgamma or dbeta
-// and keep_gamma_fits (16-bit sums in shared memory, 2 accesses); cudaErrorInvalidValue where no
-// instantiation takes s.
+// the sums in shared memory, 8 accesses and clusters of 16), bwd_wide_pair_kernel or kKeep's where
+// p sums dgamma or dbeta (16-bit sums in shared memory, 2 accesses: the rules above each);
+// cudaErrorInvalidValue where no instantiation takes s.
 template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
 cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) {
   if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
@@ -1187,13 +1201,16 @@ cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) 
                                  bwd_smem_bytes(s, p.dtype, kSmemSums, kCluster), 1, p.device) /
                p.device.sm_count;
       };
-      if constexpr (kCluster == 1 && kBytes < 16) {
+      const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
+      if constexpr (kCluster == 1) {
         const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes>;
-        if (keep_gamma_fits(s, per_sm(pair)) &&
+        // With 16-byte accesses where kKeep does not fit and two pair blocks an SM do (above).
+        const bool fits = kBytes == 16 ? !keep_gamma_fits(s, per_sm(keep)) && per_sm(pair) >= 2
+                                       : keep_gamma_fits(s, per_sm(pair));
+        if (fits &&
             p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows)
           return g(pair);
       }
-      const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
       if (keep_gamma_fits(s, per_sm(keep))) return g(keep);
     }
   }
