@@ -1008,9 +1008,9 @@ __device__ __forceinline__ void fold_smem_sums(const BwdParams& p, SumVec<kW>* s
 // - 16-byte accesses: 167-168 registers, so bound to 1 block of 256 an SM (at 2, ptxas spilled 64-92
 //   bytes; loading each two rows at the top of their round instead ran 0.91-0.96x). Blocks of 96 x 2,
 //   160 and 192 threads still fit two an SM; launched there, where kKeep does not fit. Against the
-//   kernel it replaces: 1.02-1.13x at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.15x
-//   at 1M (1,280, 1,288, 2,056), 0.97-1.01x elsewhere. At 1 block of 256 it ran 0.91-0.97x against
-//   kKeep (512, 1,000, 1,024, 2,048, 4,096 columns) and 0.94x against the plain kernel at 768.
+//   kernel it replaces: 1.01-1.13x at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.15x
+//   at 1M (1,280, 1,288, 2,056), 0.97-1.02x elsewhere. At 1 block of 256 it ran 0.91-0.98x against
+//   kKeep (512, 1,000, 1,024, 2,048, 4,096 columns) and 0.94-0.95x against the plain kernel at 768.
 // Each row-group of the grid takes at least kPairRowsPerGroup rows. (bench/README.md, "Two rows a
 // round in the wide 16-bit backward" and "... with 16-byte accesses".)
 template <typename T, int kNv, int kBytes>

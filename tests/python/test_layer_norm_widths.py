@@ -388,8 +388,9 @@ def row_sweep(cols, itemsize):
     row-groups: 248, 62 of 16: 124; c1_ps at two blocks an SM: 264) and twice that; for 16-bit rows
     that the two-rows backward takes (4- and 8-byte rows of 128 to 2,048 columns: 766 and 2,044
     here; 16-byte rows in blocks of 96 x 2, 160 or 192 threads: 1,536 and 3,072), the counts around
-    where it starts, 3 rows for each row-group of a grid of 132 or 264 (396, 792; 1,584 for 264
-    blocks of 2 row-groups); past 1,025 rows only what keeps a case within about 4M elements."""
+    where it starts, 3 rows for each row-group of a grid of 132 blocks (bwd_clusters' floor there:
+    396 for blocks of one row-group, 792 for two); past 1,025 rows only what keeps a case within
+    about 4M elements."""
     rows = set(range(1, 71))
     if cols <= 16 * max(FLAT_TPRS):
         for t in flat_tile_rows(cols, itemsize):
@@ -401,8 +402,6 @@ def row_sweep(cols, itemsize):
         rows |= set(range(120, 136)) | set(range(244, 269)) | {495, 496, 497, 527, 528, 529}
     if itemsize == 2 and 128 <= cols <= 3072:
         rows |= {395, 396, 397, 791, 792, 793}
-    if itemsize == 2 and 1024 < cols <= 1536:
-        rows |= {1583, 1584, 1585}
     cap = max(8, (1 << 22) // cols)
     return sorted(r for r in rows if r <= max(cap, 1025))
 
@@ -434,7 +433,7 @@ def test_row_sweep_covers_every_boundary():
     assert {127, 128, 129, 1023, 1024, 1025} <= set(rows)
     assert {30, 31, 32, 61, 62, 63, 92, 93, 94} <= set(row_sweep(257, 2))  # tpr64: 31 rows a tile
     assert {395, 396, 397, 791, 792, 793} <= set(row_sweep(766, 2))  # where the two-rows backward starts
-    assert {791, 792, 793} <= set(row_sweep(3072, 2)) and {1583, 1584, 1585} <= set(row_sweep(1536, 2))
+    assert {395, 396, 397, 791, 792, 793} <= set(row_sweep(3072, 2)) & set(row_sweep(1536, 2))
     wide = row_sweep(12288, 2)
     assert {247, 248, 249, 263, 264, 265} <= set(wide) and max(wide) <= 1025
 
