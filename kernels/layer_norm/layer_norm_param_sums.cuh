@@ -88,6 +88,19 @@ __device__ __forceinline__ void load_staged(const float* s, int64_t a, int64_t a
   }
 }
 
+// Floats 4q .. 4q + 3 of access a in load_staged's layout (the whole access where kV < 4, q = 0):
+// a kernel that takes an access's floats a sum vector at a time.
+template <int kV>
+__device__ __forceinline__ void load_staged_part(const float* s, int64_t a, int64_t accesses, int q,
+                                                 float (&out)[kV < 4 ? kV : 4]) {
+  if constexpr (kV % 4 == 0) {
+    const float4 f = reinterpret_cast<const float4*>(s)[q * accesses + a];
+    out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
+  } else {
+    load_staged(s, a, accesses, out);
+  }
+}
+
 // Stages accesses [a0, a0 + n) of a parameter (`missing` everywhere where there is none: 1 for
 // gamma, 0 for beta) into s, thread `tid` of `threads` an access at a time. Called after a kernel
 // has issued its first row's loads, which stay in flight through it; the caller's barrier follows.

@@ -1098,12 +1098,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
 #pragma unroll
       for (int j = 0; j < kQ; ++j) {
         float gq[kW];
-        if constexpr (kV % 4 == 0) {
-          const float4 f = reinterpret_cast<const float4*>(gamma_s)[j * part + ga];
-          gq[0] = f.x, gq[1] = f.y, gq[2] = f.z, gq[3] = f.w;
-        } else {
-          load_staged(gamma_s, ga, part, gq);
-        }
+        load_staged_part<kV>(gamma_s, ga, part, j, gq);
         Sum sg = want_params ? slot(i, j) : Sum{}, sb = want_params ? slot(i, kQ + j) : Sum{};
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -1202,16 +1197,16 @@ cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) 
                p.device.sm_count;
       };
       const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
+      const bool keep_fits = keep_gamma_fits(s, per_sm(keep));
       if constexpr (kCluster == 1) {
         const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes>;
         // With 16-byte accesses where kKeep does not fit and two pair blocks an SM do (above).
-        const bool fits = kBytes == 16 ? !keep_gamma_fits(s, per_sm(keep)) && per_sm(pair) >= 2
-                                       : keep_gamma_fits(s, per_sm(pair));
+        const bool fits = kBytes == 16 ? !keep_fits && per_sm(pair) >= 2 : keep_gamma_fits(s, per_sm(pair));
         if (fits &&
             p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows)
           return g(pair);
       }
-      if (keep_gamma_fits(s, per_sm(keep))) return g(keep);
+      if (keep_fits) return g(keep);
     }
   }
   if (s.threads <= kSmemSumsMaxThreads || !kSmemSums) return g(bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster>());
