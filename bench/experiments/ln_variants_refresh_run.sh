@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # LayerNorm variants swept again after a change (LN_REFRESH_VARIANTS, globs) at every width of the
 # sweep where they run (LN_REFRESH_WIDTHS: others, e.g. "sweep 63 257": the committed sweep keeps
-# 63 and 257 though they are not among the sweep's own), LN_REFRESH_DTYPES, 16M, 1M and 64K
-# elements, merged into the committed sweep, and the built-in choice's data made from it and
-# checked (defaults-refresh: its files under OUT, "refresh" in their names). With LN_REFRESH_NCU
-# (variant:dtype:ROWSxD ...), Nsight Compute on those cases after (ln_ncu_lines.sh: one line a case,
-# also in OUT/ncu-lines.txt). Build first, here: bash scripts/device_wheel.sh (carry .devbuild). The
+# 63 and 257 though they are not among the sweep's own), LN_REFRESH_DTYPES, LN_REFRESH_SIZES (16M,
+# 1M and 64K elements where unset), merged into the committed sweep, and the built-in choice's data
+# made from it and checked (defaults-refresh: its files under OUT, "refresh" in their names). With
+# LN_REFRESH_NCU (variant:dtype:ROWSxD ...), Nsight Compute on those cases after (ln_ncu_lines.sh:
+# one line a case, also in OUT/ncu-lines.txt). Build first, here: bash scripts/device_wheel.sh
+# (carry .devbuild). The
 # twenty-fourth session's:
 #   LN_REFRESH_VARIANTS="fwd_flat_*" LN_REFRESH_NCU="fwd_flat_tpr16:bfloat16:132104x127
 #     fwd_flat_tpr4:bfloat16:508400x33 fwd_flat_tpr8:bfloat16:266305x63" bash bench/experiments/ln_variants_refresh_run.sh
@@ -25,7 +26,8 @@ set -f  # the variants are globs for the sweep, not for the shell
 patterns=($LN_REFRESH_VARIANTS)
 set +f
 timeout ${SWEEP_TIMEOUT:-150} python3 bench/layer_norm_sweep.py --out "$OUT/refresh_part.json" --candidates variants \
-  --variants "${patterns[@]}" --dtypes ${LN_REFRESH_DTYPES:-float32 bfloat16 float16} --widths ${LN_REFRESH_WIDTHS:-sweep} \
+  --variants "${patterns[@]}" --dtypes ${LN_REFRESH_DTYPES:-float32 bfloat16 float16} --sizes ${LN_REFRESH_SIZES:-16M 1M 64K} \
+  --widths ${LN_REFRESH_WIDTHS:-sweep} \
   > "$OUT/refresh_part.log" 2>&1 || { echo "sweep failed: $(tail -5 "$OUT/refresh_part.log")"; exit 1; }
 grep -E "FAILED|wrote" "$OUT/refresh_part.log" | head
 # Only the variants' records (the sweep adds its references).

@@ -263,22 +263,25 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 
 // The clusters' inbox (cluster_push), at the end of a kernel's dynamic shared memory where a
 // cluster has more than one block, 16-byte aligned: two mbarriers (kInboxBarFloats floats), then
-// [2][row-groups][C] float2. Host: smem_with_inbox and inbox_at; device: the two pointers below.
+// [2][row-groups][C] float2 (float4 for bwd_wide_pair_kernel's shapes: bwd_smem_bytes). Host:
+// smem_with_inbox and inbox_at; device: the two pointers below.
 constexpr int kInboxBarFloats = 2 * sizeof(uint64_t) / sizeof(float);
 __device__ __forceinline__ uint64_t* inbox_bars(float* smem, int inbox) {
   return reinterpret_cast<uint64_t*>(smem + inbox);
 }
-__device__ __forceinline__ float2* inbox_slots_of(float* smem, int inbox) {
-  return reinterpret_cast<float2*>(smem + inbox + kInboxBarFloats);
+template <typename V = float2>
+__device__ __forceinline__ V* inbox_slots_of(float* smem, int inbox) {
+  return reinterpret_cast<V*>(smem + inbox + kInboxBarFloats);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // The clusters' exchange, one a row (forward: each block's partial mean and M2 of the row; backward:
-// its two sums). Every block has an inbox of [2][row-groups][C] float2 and an mbarrier for each
-// half, double-buffered by iteration `it`: the row-group's first C lanes store its pair into slot
-// `rank` of block `lane`'s inbox by st.async, which counts the 8 bytes on that block's mbarrier;
-// one thread of each block arrives expecting C x groups x 8 bytes, and every thread waits for the
-// phase of iteration `it` (parity it & 1, phase (it >> 1) & 1), then reads its block's slots.
+// its two sums; the two-rows backward: both rows', a float4). Every block has an inbox of
+// [2][row-groups][C] V and an mbarrier for each half, double-buffered by iteration `it`: the
+// row-group's first C lanes store its V into slot `rank` of block `lane`'s inbox by st.async, which
+// counts its bytes on that block's mbarrier; one thread of each block arrives expecting
+// C x groups x sizeof(V) bytes, and every thread waits for the phase of iteration `it` (parity
+// it & 1, phase (it >> 1) & 1), then reads its block's slots.
 // Why not a cluster barrier a row, as before: its arrive releases the thread's earlier stores, so
 // each row waited for the previous row's global stores to complete (Nsight Compute: the "membar"
 // stall, 2.0-2.5 warps an issue, the largest); st.async's bytes are ordered by the mbarrier alone.
@@ -293,12 +296,22 @@ __device__ __forceinline__ float2* inbox_slots_of(float* smem, int inbox) {
 // shuffles (group_sum) keep them with lanes < C. Every block of the cluster runs every iteration
 // (the callers' loop bounds are the cluster's). The mbarriers are initialized
 // (mbarrier_init_inbox) before a cluster barrier that precedes any push.
-__device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, float2* box, uint64_t* bar, int64_t it,
-                                             int rank, int lane, bool expects, int C, int groups, float2 v) {
+template <typename V>
+__device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, V* box, uint64_t* bar, int64_t it,
+                                             int rank, int lane, bool expects, int C, int groups, V v) {
+  static_assert(sizeof(V) == sizeof(float2) || sizeof(V) == sizeof(float4));
   if (expects)
     (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_relaxed, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                               bar, static_cast<uint32_t>(groups * C * sizeof(float2)));
-  if (lane < C) cuda::ptx::st_async(cluster.map_shared_rank(box + rank, lane), v, cluster.map_shared_rank(bar, lane));
+                                               bar, static_cast<uint32_t>(groups * C * sizeof(V)));
+  if (lane < C) {
+    if constexpr (sizeof(V) == sizeof(float2)) {
+      cuda::ptx::st_async(cluster.map_shared_rank(box + rank, lane), v, cluster.map_shared_rank(bar, lane));
+    } else {  // st.async.v4.b32
+      const float w[4] = {v.x, v.y, v.z, v.w};
+      cuda::ptx::st_async(reinterpret_cast<float*>(cluster.map_shared_rank(box + rank, lane)), w,
+                          cluster.map_shared_rank(bar, lane));
+    }
+  }
   const uint32_t phase = static_cast<uint32_t>(it >> 1) & 1u;
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, phase)) {
   }
@@ -995,28 +1008,34 @@ __device__ __forceinline__ void fold_smem_sums(const BwdParams& p, SumVec<kW>* s
   }
 }
 
-// bwd_wide_pair_kernel: the 16-bit shared-memory-sum backward at 2 accesses a thread in one-block
-// rows (c1), two rows of each row-group at a time (rows r and r + stride): both rows' dgamma/dbeta
-// terms go into the thread's sums in shared memory on one read and one write of them (the same
-// order of additions as a row at a time), gamma is read from shared memory once a pass for the two,
-// their row sums take one block reduction (float4, one barrier), and the next two rows are in
-// flight through them. Sum vectors of at most 4 floats (kW): kQ of them an access.
-// - 4- and 8-byte accesses: bound to 2 blocks of 256 threads an SM as kKeep (ptxas, sm_90a: 121-128
-//   registers with 8-byte accesses, 96 with 4, no spill); launched where kKeep would be
-//   (keep_gamma_fits). Against kKeep (H200, bf16 and fp16, base/new twice): 1.07-1.15x at 16M
-//   elements (254, 382, 500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M.
-// - 16-byte accesses: 167-168 registers, so bound to 1 block of 256 an SM (at 2, ptxas spilled 64-92
-//   bytes; loading each two rows at the top of their round instead ran 0.91-0.96x). Blocks of 96 x 2,
-//   160 and 192 threads still fit two an SM; launched there, where kKeep does not fit. Against the
-//   kernel it replaces: 1.01-1.13x at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.15x
-//   at 1M (1,280, 1,288, 2,056), 0.97-1.02x elsewhere. At 1 block of 256 it ran 0.91-0.98x against
-//   kKeep (512, 1,000, 1,024, 2,048, 4,096 columns) and 0.94-0.95x against the plain kernel at 768.
+// bwd_wide_pair_kernel: the 16-bit shared-memory-sum backward at 2 accesses a thread, two rows of
+// each row-group at a time (rows r and r + stride): both rows' dgamma/dbeta terms go into the
+// thread's sums in shared memory on one read and one write of them (the same order of additions as
+// a row at a time), gamma is read from shared memory once a pass for the two, their row sums take
+// one block reduction (float4, one barrier) and in a cluster (kClustered) one push to its blocks
+// (cluster_push of a float4), and the next two rows are in flight through them. Sum vectors of at
+// most 4 floats (kW): kQ of them an access. ptxas, sm_90a, no spill anywhere:
+// - 4- and 8-byte accesses: bound to 2 blocks of 256 threads an SM as kKeep (121-128 registers with
+//   8-byte accesses, 96 with 4); launched where kKeep would be (keep_gamma_fits). Against kKeep
+//   (H200, bf16 and fp16, base/new twice): 1.07-1.15x at 16M elements (254, 382, 500, 766, 1,022 and
+//   2,044 columns), 1.03-1.24x at 1M.
+// - 16-byte accesses, early (!kLate: the next rows issued at the top of the round): 167-168
+//   registers, bound to 1 block of 256 an SM (at 2, ptxas spilled 64-92 bytes). Blocks of 96 x 2 and
+//   192 threads still fit two an SM: in one-block rows it runs there, 1.01-1.13x the kernel it
+//   replaced at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.14x at 1M (1,280, 1,288).
+// - 16-byte accesses, kLate (the next rows issued after the sums' pass, in flight through dx's):
+//   124-126 registers, 2 blocks of 256 an SM. In one-block rows where more of its blocks fit than of
+//   the early form's (blocks of 160, 224 and 256 threads): 1.02-1.10x the kernels before at 16M (768
+//   to 4,096 columns; 0.98-1.00x at 512), 1.03-1.05x at 1M (2,560); the early form where as many fit
+//   is 1.00-1.04x it at 16M (0.95-0.96x at 1M, 1,280-1,288 columns). In clusters alone:
+//   1.04-1.26x the kernel it replaced (16M, 5,120 to 65,536 columns), the best backward 1.05-1.14x
+//   from 4,096 to 65,536 columns.
 // Each row-group of the grid takes at least kPairRowsPerGroup rows. (bench/README.md, "Two rows a
-// round in the wide 16-bit backward" and "... with 16-byte accesses".)
-template <typename T, int kNv, int kBytes>
-__global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
-    bwd_wide_pair_kernel(const BwdParams p, const int64_t part, const int /*inbox: no cluster*/) {
-  static_assert(sizeof(T) == 2);
+// round in the wide 16-bit backward", "... with 16-byte accesses" and "... in clusters".)
+template <typename T, int kNv, int kBytes, bool kClustered, bool kLate>
+__global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 : 1)
+    bwd_wide_pair_kernel(const BwdParams p, const int64_t part, const int inbox) {
+  static_assert(sizeof(T) == 2 && (!kLate || kBytes == 16));
   extern __shared__ __align__(16) float fold[];
   constexpr int kV = kVec<T, kBytes>;
   constexpr int kW = kV < 4 ? kV : 4;  // dgamma's kQ sum vectors an access in slots 0 .. kQ - 1, dbeta's after
@@ -1036,6 +1055,14 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
   const bool want_params = p.dgamma || p.dbeta;
   wait_for_previous_grid();
   allow_next_grid();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // In a cluster the inbox as bwd_wide_kernel's, its slots float4: both rows' sums in one push.
+  const cg::cluster_group cluster = cg::this_cluster();
+  uint64_t* const bars = inbox_bars(fold, inbox);
+  float4* const inbox_slots = inbox_slots_of<float4>(fold, inbox);
+  if (kClustered && C > 1 && tid == 0) mbarrier_init_inbox(bars);
+  if (kClustered && C > 1) cluster.barrier_arrive();
+#endif
   float* const gamma_s = fold + kStride * kNv * kV * 2;
   if (want_params) {
 #pragma unroll
@@ -1073,6 +1100,9 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
   if (first < p.rows) load(first);
   stage_param<T, kBytes>(gamma_s, gamma, 1.f, a0, a1 - a0, part, tid, blockDim.x * blockDim.y);
   __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) cluster.barrier_wait();
+#endif
   for (int64_t row0 = first, it = 0; row0 < p.rows; row0 += 2 * stride, ++it) {
     const int parity = static_cast<int>(it & 1);
     Pack<T, kBytes> xs[2][kNv], ds[2][kNv];
@@ -1087,7 +1117,8 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
         ds[r][i] = next_dy[r][i];
       }
     }
-    if (row0 + 2 * stride < p.rows) load(row0 + 2 * stride);  // in flight through these two rows
+    if constexpr (!kLate)
+      if (row0 + 2 * stride < p.rows) load(row0 + 2 * stride);  // in flight through these two rows
     float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);  // row 0's sum of g and of g * xhat, then row 1's
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
@@ -1128,6 +1159,9 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
         }
       }
     }
+    // kLate: the next two rows issued here, in flight through dx's pass (128 registers hold them)
+    if constexpr (kLate)
+      if (row0 + 2 * stride < p.rows) load(row0 + 2 * stride);
     if (!p.dx) continue;  // uniform over the grid
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -1137,6 +1171,15 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
         opaque(ds[r][i]);
       }
     rs = group_total<float4>(rs, red[parity]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (kClustered && C > 1) {  // both rows' sums to every block of the cluster (cluster_push)
+      float4* const box = inbox_slots + (parity * blockDim.y + group) * C;
+      cluster_push(cluster, box, bars + parity, it, rank, lane, tid == 0, C, static_cast<int>(blockDim.y), rs);
+      const int r = lane % 32;
+      const float4 o = r < C ? box[r] : make_float4(0.f, 0.f, 0.f, 0.f);
+      rs = make_float4(group_sum<32>(o.x), group_sum<32>(o.y), group_sum<32>(o.z), group_sum<32>(o.w));
+    }
+#endif
     float ca[2], cx[2], bx[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1163,7 +1206,13 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kBytes == 16 ? 1 : 2)
       }
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) cluster_leave_arrive();
+#endif
   if (want_params) fold_smem_sums<kNv, kV, kW>(p, sums, cols, clusters, cid, a0, a1, tpr, lane, group);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) cluster_leave_wait();
+#endif
 }
 
 // The backward's kernel of a launch whose clusters have kCluster blocks (as fwd_wide_entry).
@@ -1198,13 +1247,27 @@ cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) 
       };
       const auto keep = bwd_wide_entry<T, kNv, kBytes, kSmemSums, false, kCluster, false, true>();
       const bool keep_fits = keep_gamma_fits(s, per_sm(keep));
-      if constexpr (kCluster == 1) {
-        const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes>;
-        // With 16-byte accesses where kKeep does not fit and two pair blocks an SM do (above).
-        const bool fits = kBytes == 16 ? !keep_fits && per_sm(pair) >= 2 : keep_gamma_fits(s, per_sm(pair));
-        if (fits &&
-            p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows)
-          return g(pair);
+      // The two-rows kernel where each row-group of the grid gets kPairRowsPerGroup rows.
+      auto rows_allow = [&](auto pair) {
+        return p.rows >= kPairRowsPerGroup * bwd_clusters(pair, p, s, kCluster, kSmemSums) * s.rows;
+      };
+      if constexpr (kBytes == 16) {
+        // In one-block rows its early form where as many of its blocks fit an SM as of the late
+        // one's (2: blocks of 96 x 2 and 192 threads), the late one where more fit (blocks of 160,
+        // 224 and 256 threads); in clusters the late one.
+        const auto late = bwd_wide_pair_kernel<T, kNv, kBytes, (kCluster > 1), true>;
+        const int64_t n_late = per_sm(late);
+        bool early_fits = false;
+        if constexpr (kCluster == 1) {
+          const auto early = bwd_wide_pair_kernel<T, kNv, kBytes, false, false>;
+          const int64_t n_early = per_sm(early);
+          early_fits = n_early >= 2 && n_early >= n_late;
+          if (early_fits && rows_allow(early)) return g(early);
+        }
+        if (!early_fits && n_late >= 2 && rows_allow(late)) return g(late);
+      } else {
+        const auto pair = bwd_wide_pair_kernel<T, kNv, kBytes, (kCluster > 1), false>;
+        if (keep_gamma_fits(s, per_sm(pair)) && rows_allow(pair)) return g(pair);
       }
       if (keep_fits) return g(keep);
     }
@@ -1268,9 +1331,10 @@ std::size_t fwd_smem_bytes(const WideShape& s, DType dtype) {
 
 // A kernel's dynamic shared memory: its own `own` bytes, then in a cluster the inbox (kInboxBarFloats).
 std::size_t inbox_start(std::size_t own) { return (own + 15) / 16 * 16; }
-std::size_t smem_with_inbox(std::size_t own, const WideShape& s, int cluster) {
+// slot: the bytes of a row-group's push (float2; the two-rows backward's float4).
+std::size_t smem_with_inbox(std::size_t own, const WideShape& s, int cluster, std::size_t slot = sizeof(float2)) {
   if (cluster < 2) return own;
-  return inbox_start(own) + kInboxBarFloats * sizeof(float) + 2 * static_cast<std::size_t>(s.rows) * cluster * sizeof(float2);
+  return inbox_start(own) + kInboxBarFloats * sizeof(float) + 2 * static_cast<std::size_t>(s.rows) * cluster * slot;
 }
 // Where the inbox starts, in floats (the kernels' last argument; unused without a cluster).
 int inbox_at(std::size_t own, int cluster) {
@@ -1295,8 +1359,11 @@ std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
     return static_cast<std::size_t>(s.slots) * s.nv * vec * 2 * sizeof(float) + gamma;
   return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
 }
+// Shapes bwd_wide_pair_kernel may take (16-bit sums in shared memory, 2 accesses a thread) have an
+// inbox of float4 slots: its pushes carry two rows' sums.
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
-  return smem_with_inbox(bwd_own_bytes(s, dtype, smem_sums), s, cluster);
+  const bool pair = smem_sums && dtype_size(dtype) == 2 && s.nv == 2;
+  return smem_with_inbox(bwd_own_bytes(s, dtype, smem_sums), s, cluster, pair ? sizeof(float4) : sizeof(float2));
 }
 int bwd_inbox_at(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
   return inbox_at(bwd_own_bytes(s, dtype, smem_sums), cluster);
