@@ -6,8 +6,7 @@
 # made from it and checked (defaults-refresh: its files under OUT, "refresh" in their names). With
 # LN_REFRESH_NCU (variant:dtype:ROWSxD ...), Nsight Compute on those cases after (ln_ncu_lines.sh:
 # one line a case, also in OUT/ncu-lines.txt). Build first, here: bash scripts/device_wheel.sh
-# (carry .devbuild). The
-# twenty-fourth session's:
+# (carry .devbuild). The twenty-fourth session's:
 #   LN_REFRESH_VARIANTS="fwd_flat_*" LN_REFRESH_NCU="fwd_flat_tpr16:bfloat16:132104x127
 #     fwd_flat_tpr4:bfloat16:508400x33 fwd_flat_tpr8:bfloat16:266305x63" bash bench/experiments/ln_variants_refresh_run.sh
 #   (then LN_REFRESH_WIDTHS="63 257" with the first call's merged sweep committed here)
@@ -26,8 +25,8 @@ set -f  # the variants are globs for the sweep, not for the shell
 patterns=($LN_REFRESH_VARIANTS)
 set +f
 timeout ${SWEEP_TIMEOUT:-150} python3 bench/layer_norm_sweep.py --out "$OUT/refresh_part.json" --candidates variants \
-  --variants "${patterns[@]}" --dtypes ${LN_REFRESH_DTYPES:-float32 bfloat16 float16} --sizes ${LN_REFRESH_SIZES:-16M 1M 64K} \
-  --widths ${LN_REFRESH_WIDTHS:-sweep} \
+  --variants "${patterns[@]}" --dtypes ${LN_REFRESH_DTYPES:-float32 bfloat16 float16} \
+  --sizes ${LN_REFRESH_SIZES:-16M 1M 64K} --widths ${LN_REFRESH_WIDTHS:-sweep} \
   > "$OUT/refresh_part.log" 2>&1 || { echo "sweep failed: $(tail -5 "$OUT/refresh_part.log")"; exit 1; }
 grep -E "FAILED|wrote" "$OUT/refresh_part.log" | head
 # Only the variants' records (the sweep adds its references).

@@ -263,8 +263,8 @@ __device__ __forceinline__ WidePlace wide_place(int64_t part, int64_t acc) {
 
 // The clusters' inbox (cluster_push), at the end of a kernel's dynamic shared memory where a
 // cluster has more than one block, 16-byte aligned: two mbarriers (kInboxBarFloats floats), then
-// [2][row-groups][C] float2 (float4 for bwd_wide_pair_kernel's shapes: bwd_smem_bytes). Host:
-// smem_with_inbox and inbox_at; device: the two pointers below.
+// [2][row-groups][C] float2; float4 for every backward kernel of the shapes bwd_wide_pair_kernel
+// may take (bwd_smem_bytes). Host: smem_with_inbox and inbox_at; device: the two pointers below.
 constexpr int kInboxBarFloats = 2 * sizeof(uint64_t) / sizeof(float);
 __device__ __forceinline__ uint64_t* inbox_bars(float* smem, int inbox) {
   return reinterpret_cast<uint64_t*>(smem + inbox);
@@ -601,7 +601,8 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // memory twice) and the row in one straight line (kStraight), bound to 2 blocks of 256 threads an SM
 // (ptxas, sm_90a: 122-126 registers with 16-byte accesses, 95-96 with 8, 70-72 with 4, no spill)
 // where the other is bound to 3 (80 registers, 8 bytes of spill in clusters). Launched where the
-// launch sums dgamma/dbeta and keep_gamma_fits(s, its blocks an SM by the occupancy query): they hold
+// launch sums dgamma/dbeta, bwd_wide_pair_kernel does not run (with_bwd_wide_kernel) and
+// keep_gamma_fits(s, its blocks an SM by the occupancy query): they hold
 // at least 448 threads, 7/8 of 2 blocks of 256 (with 16-byte accesses: blocks of 256 threads as 32 x 8, 64 x 4,
 // 128 x 2 or 256, and of 160 and 224; with 8 and 4, blocks of 192 too), with at most an eighth of a
 // row-group's accesses past its part. Measured against the other in one call (H200, bf16 and fp16,
@@ -1017,17 +1018,19 @@ __device__ __forceinline__ void fold_smem_sums(const BwdParams& p, SumVec<kW>* s
 // most 4 floats (kW): kQ of them an access. ptxas, sm_90a, no spill anywhere:
 // - 4- and 8-byte accesses: bound to 2 blocks of 256 threads an SM as kKeep (121-128 registers with
 //   8-byte accesses, 96 with 4); launched where kKeep would be (keep_gamma_fits). Against kKeep
-//   (H200, bf16 and fp16, base/new twice): 1.07-1.15x at 16M elements (254, 382, 500, 766, 1,022 and
-//   2,044 columns), 1.03-1.24x at 1M.
+//   in one-block rows (H200, bf16 and fp16, base/new twice): 1.07-1.15x at 16M elements (254, 382,
+//   500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M. In clusters measured by the sweep alone
+//   (against the last one, another call): 6,402 columns (4-byte) in c8 1.03x at 16M and 1.17-1.18x
+//   at 1M, the other 4- and 8-byte widths 0.97-1.02x.
 // - 16-byte accesses, early (!kLate: the next rows issued at the top of the round): 167-168
 //   registers, bound to 1 block of 256 an SM (at 2, ptxas spilled 64-92 bytes). Blocks of 96 x 2 and
 //   192 threads still fit two an SM: in one-block rows it runs there, 1.01-1.13x the kernel it
 //   replaced at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.14x at 1M (1,280, 1,288).
 // - 16-byte accesses, kLate (the next rows issued after the sums' pass, in flight through dx's):
-//   124-126 registers, 2 blocks of 256 an SM. In one-block rows where more of its blocks fit than of
-//   the early form's (blocks of 160, 224 and 256 threads): 1.02-1.10x the kernels before at 16M (768
-//   to 4,096 columns; 0.98-1.00x at 512), 1.03-1.05x at 1M (2,560); the early form where as many fit
-//   is 1.00-1.04x it at 16M (0.95-0.96x at 1M, 1,280-1,288 columns). In clusters alone:
+//   124-126 registers, 2 blocks of 256 an SM. In one-block rows where more of its blocks fit than
+//   of the early form's (blocks of 160, 224 and 256 threads): 1.02-1.10x the kernels before at 16M
+//   (768 to 4,096 columns; 0.98-1.00x at 512), 1.03-1.05x at 1M (2,560); the early form where as
+//   many fit is 1.00-1.04x it at 16M (0.95-0.96x at 1M, 1,280-1,288 columns). In clusters alone:
 //   1.04-1.26x the kernel it replaced (16M, 5,120 to 65,536 columns), the best backward 1.05-1.14x
 //   from 4,096 to 65,536 columns.
 // Each row-group of the grid takes at least kPairRowsPerGroup rows. (bench/README.md, "Two rows a
@@ -1175,8 +1178,8 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
     if (kClustered && C > 1) {  // both rows' sums to every block of the cluster (cluster_push)
       float4* const box = inbox_slots + (parity * blockDim.y + group) * C;
       cluster_push(cluster, box, bars + parity, it, rank, lane, tid == 0, C, static_cast<int>(blockDim.y), rs);
-      const int r = lane % 32;
-      const float4 o = r < C ? box[r] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int src = lane % 32;
+      const float4 o = src < C ? box[src] : make_float4(0.f, 0.f, 0.f, 0.f);
       rs = make_float4(group_sum<32>(o.x), group_sum<32>(o.y), group_sum<32>(o.z), group_sum<32>(o.w));
     }
 #endif
@@ -1359,8 +1362,11 @@ std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
     return static_cast<std::size_t>(s.slots) * s.nv * vec * 2 * sizeof(float) + gamma;
   return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
 }
-// Shapes bwd_wide_pair_kernel may take (16-bit sums in shared memory, 2 accesses a thread) have an
-// inbox of float4 slots: its pushes carry two rows' sums.
+// Shapes bwd_wide_pair_kernel may take (16-bit sums in shared memory, 2 accesses a thread: the
+// condition with_bwd_wide_kernel instantiates it under) have an inbox of float4 slots, its pushes
+// carrying two rows' sums. The other kernels of those shapes (kKeep, the plain one, the window
+// ones) get the same inbox on purpose, using its first half: every candidate's occupancy query asks
+// with one size (at most 2 x rows x C x 8 bytes more).
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
   const bool pair = smem_sums && dtype_size(dtype) == 2 && s.nv == 2;
   return smem_with_inbox(bwd_own_bytes(s, dtype, smem_sums), s, cluster, pair ? sizeof(float4) : sizeof(float2));

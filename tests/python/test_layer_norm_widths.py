@@ -387,11 +387,12 @@ def row_sweep(cols, itemsize):
     persistent grids' rows a round on the 132 SMs of an H100 or H200 (124 clusters of 8 x 2
     row-groups: 248, 62 of 16: 124; c1_ps at two blocks an SM: 264) and twice that; for 16-bit rows
     that the two-rows backward takes in one block (4- and 8-byte rows of 128 to 2,048 columns: 766
-    and 2,044 here; 16-byte rows of 512 to 4,096: 512, 1,536, 3,072, 4,096), the counts around where
-    it starts, 3 rows for each row-group of a grid of 132 blocks (bwd_clusters' floor there: 396 for
-    blocks of one row-group, 792 for two), and in clusters (16-bit rows of 4,096 columns and more)
-    the counts from 96 to 111 (12,288 columns: 99 rows in c4, 3 x 33 clusters of one row-group; 102
-    in c8, 3 x 17 of two; 108 in c16, 3 x 9 of four); past 1,025 rows only what keeps a case within
+    and 2,044 here; 16-byte rows in blocks of 192 threads or one row-group: 1,536, 3,072 and
+    4,096), the counts around where it starts, 3 rows for each row-group of a grid of 132 blocks
+    (bwd_clusters' floor there: 396 for blocks of one row-group, 792 for two), and in clusters
+    (16-bit rows of 4,096 columns and more) the counts from 96 to 111 and 160 to 175 (12,288
+    columns: 99 rows in c4, 3 x 33 clusters of one row-group; 102 in c8, 3 x 17 of two; 168 in c16,
+    3 x 14 resident clusters of four on the H200); past 1,025 rows only what keeps a case within
     about 4M elements."""
     rows = set(range(1, 71))
     if cols <= 16 * max(FLAT_TPRS):
@@ -405,7 +406,7 @@ def row_sweep(cols, itemsize):
     if itemsize == 2 and 128 <= cols <= 4096:
         rows |= {395, 396, 397, 791, 792, 793}
     if itemsize == 2 and cols >= 4096:
-        rows |= set(range(96, 112))
+        rows |= set(range(96, 112)) | set(range(160, 176))
     cap = max(8, (1 << 22) // cols)
     return sorted(r for r in rows if r <= max(cap, 1025))
 
@@ -438,7 +439,7 @@ def test_row_sweep_covers_every_boundary():
     assert {30, 31, 32, 61, 62, 63, 92, 93, 94} <= set(row_sweep(257, 2))  # tpr64: 31 rows a tile
     assert {395, 396, 397, 791, 792, 793} <= set(row_sweep(766, 2))  # where the two-rows backward starts
     assert {395, 396, 397, 791, 792, 793} <= set(row_sweep(3072, 2)) & set(row_sweep(1536, 2))
-    assert {98, 99, 100, 101, 102, 103, 107, 108, 109} <= set(row_sweep(12288, 2))  # in clusters
+    assert {98, 99, 100, 101, 102, 103, 167, 168, 169} <= set(row_sweep(12288, 2))  # in clusters
     wide = row_sweep(12288, 2)
     assert {247, 248, 249, 263, 264, 265} <= set(wide) and max(wide) <= 1025
 
