@@ -616,6 +616,10 @@ constexpr int smem_sums_min_blocks(int nv) { return nv <= 2 ? 3 : 2; }
 // kernel's branch skips those warps' work), 0.89-0.92x with both; dx alone (the *_smem_cols
 // variants' base) 0.91-1.56x. (bench/README.md, "gamma held across the wide 16-bit backward's
 // passes".)
+// The shapes kKeep and bwd_wide_pair_kernel are instantiated for (with_bwd_wide_kernel), whose
+// clusters' inbox has float4 slots (bwd_smem_bytes): 16-bit sums in shared memory, 2 accesses a
+// thread.
+constexpr bool pair_shapes(bool smem_sums, std::size_t esize, int nv) { return smem_sums && esize == 2 && nv == 2; }
 inline bool keep_gamma_fits(const WideShape& s, int64_t blocks_per_sm) {
   return s.nv == 2 && blocks_per_sm * s.threads * s.rows >= 448 &&
          s.part * 8 >= static_cast<int64_t>(s.threads) * s.nv * 7;
@@ -1239,7 +1243,7 @@ constexpr int64_t kPairRowsPerGroup = 3;
 // cudaErrorInvalidValue where no instantiation takes s.
 template <typename T, int kNv, int kBytes, bool kSmemSums, int kCluster, typename G>
 cudaError_t with_bwd_wide_kernel(const WideShape& s, const BwdParams& p, G&& g) {
-  if constexpr (kSmemSums && sizeof(T) == 2 && kNv == 2) {
+  if constexpr (pair_shapes(kSmemSums, sizeof(T), kNv)) {
     if ((p.dgamma || p.dbeta) && s.threads <= kSmemSumsMaxThreads) {
       // A kernel's blocks an SM (resident_clusters with clusters of 1: the cached occupancy query,
       // which bwd_clusters asks too).
@@ -1362,13 +1366,12 @@ std::size_t bwd_own_bytes(const WideShape& s, DType dtype, bool smem_sums) {
     return static_cast<std::size_t>(s.slots) * s.nv * vec * 2 * sizeof(float) + gamma;
   return (s.rows > 1 ? gamma : 0) + gamma;  // the fold is the size of the block's columns too
 }
-// Shapes bwd_wide_pair_kernel may take (16-bit sums in shared memory, 2 accesses a thread: the
-// condition with_bwd_wide_kernel instantiates it under) have an inbox of float4 slots, its pushes
+// Shapes bwd_wide_pair_kernel may take (pair_shapes) have an inbox of float4 slots, its pushes
 // carrying two rows' sums. The other kernels of those shapes (kKeep, the plain one, the window
 // ones) get the same inbox on purpose, using its first half: every candidate's occupancy query asks
 // with one size (at most 2 x rows x C x 8 bytes more).
 std::size_t bwd_smem_bytes(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
-  const bool pair = smem_sums && dtype_size(dtype) == 2 && s.nv == 2;
+  const bool pair = pair_shapes(smem_sums, dtype_size(dtype), s.nv);
   return smem_with_inbox(bwd_own_bytes(s, dtype, smem_sums), s, cluster, pair ? sizeof(float4) : sizeof(float2));
 }
 int bwd_inbox_at(const WideShape& s, DType dtype, bool smem_sums, int cluster) {
