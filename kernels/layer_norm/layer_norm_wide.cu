@@ -232,6 +232,50 @@ __device__ __forceinline__ V group_total(V v, V* buf) {
   }
 }
 
+// v[0] + v[1] + ... + v[n - 1] in that order, n from 1 to 4 (uniform where it is called).
+__device__ __forceinline__ float4 sum_in_order(const float4* v, int n) {
+  float4 t = v[0];
+#pragma unroll
+  for (int k = 1; k < 4; ++k) {
+    if (k < n) {
+      const float4 o = v[k];
+      t = make_float4(t.x + o.x, t.y + o.y, t.z + o.z, t.w + o.w);
+    }
+  }
+  return t;
+}
+
+// The two-rows backward's row sums (a float4: each row's two sums) over its row-group, the totals to
+// every thread, in fewer instructions than group_total's four butterflies (20 shuffles and 20 adds
+// in a warp): within a warp the exchanges at xor 16 and 8 halve what each lane carries (lane l then
+// holds component l / 8, summed over 4 lanes), xor 4, 2 and 1 sum it over the warp, and 4 shuffles
+// gather the components back (10 shuffles, 6 adds). Across a row-group's warps through buf (a float4
+// a warp, double-buffered by the caller as group_total's): summed in warp order by every thread
+// where there are at most 4 warps, by group_sum<16> past that. Every lane of the warp takes part
+// (full-mask shuffles), as the cluster exchange needs (cluster_push). Bit-identical run to run.
+__device__ __forceinline__ float4 pair_total(float4 v, float4* buf) {
+  const int lane = threadIdx.x % 32;
+  const bool h16 = (lane & 16) != 0, h8 = (lane & 8) != 0;
+  float a0 = h16 ? v.z : v.x, a1 = h16 ? v.w : v.y;
+  a0 += __shfl_xor_sync(0xffffffffu, h16 ? v.x : v.z, 16);
+  a1 += __shfl_xor_sync(0xffffffffu, h16 ? v.y : v.w, 16);
+  float b = h8 ? a1 : a0;
+  b += __shfl_xor_sync(0xffffffffu, h8 ? a0 : a1, 8);
+  b = group_sum<8>(b);
+  const int warps = blockDim.x / 32;
+  if (warps == 1)  // uniform over the block
+    return make_float4(__shfl_sync(0xffffffffu, b, 0), __shfl_sync(0xffffffffu, b, 8),
+                       __shfl_sync(0xffffffffu, b, 16), __shfl_sync(0xffffffffu, b, 24));
+  const int warp = (threadIdx.y * blockDim.x + threadIdx.x) / 32;
+  if ((lane & 7) == 0) reinterpret_cast<float*>(buf + warp)[lane / 8] = b;
+  __syncthreads();
+  const float4* mine = buf + threadIdx.y * warps;
+  if (warps <= 4) return sum_in_order(mine, warps);  // uniform over the block
+  const int slot = threadIdx.x % 16;
+  const float4 t = slot < warps ? mine[slot] : make_float4(0.f, 0.f, 0.f, 0.f);
+  return make_float4(group_sum<16>(t.x), group_sum<16>(t.y), group_sum<16>(t.z), group_sum<16>(t.w));
+}
+
 // Elements of the row in cluster rank r's part.
 __device__ __forceinline__ float part_elements(int r, int64_t part, int64_t acc, int vec) {
   const int64_t a0 = r * part, a1 = a0 + part < acc ? a0 + part : acc;
@@ -293,8 +337,14 @@ __device__ __forceinline__ V* inbox_slots_of(float* smem, int inbox) {
 // lane that pushes to block r, so its next push, and block r's push back, follow its read; (2) the
 // row-group's other warps have read their slots before the next group_total's __syncthreads, which
 // precedes the next push; (3) lanes >= C cannot fall a phase behind, as the warp's full-mask
-// shuffles (group_sum) keep them with lanes < C. Every block of the cluster runs every iteration
-// (the callers' loop bounds are the cluster's). The mbarriers are initialized
+// shuffles (group_sum) keep them with lanes < C. bwd_wide_pair_kernel reads its slots by
+// inbox_total, not only lane r slot r: there (1) and (3) hold through pair_total, which every thread
+// of the row-group reaches only after using what it read (its full-mask shuffles, and with more
+// than one warp its __syncthreads, precede the row-group's next push). With one warp a row-group
+// and C <= 4 that order rests on the shuffles and on the read's value being used before them, not
+// on a memory barrier (shfl.sync orders no memory in PTX's model); a __syncwarp() before the push
+// would make it formal (not measured). Every block of the cluster
+// runs every iteration (the callers' loop bounds are the cluster's). The mbarriers are initialized
 // (mbarrier_init_inbox) before a cluster barrier that precedes any push.
 template <typename V>
 __device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, V* box, uint64_t* bar, int64_t it,
@@ -315,6 +365,22 @@ __device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, V
   const uint32_t phase = static_cast<uint32_t>(it >> 1) & 1u;
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, phase)) {
   }
+}
+// The total of a row-group's C float4 slots in its inbox after cluster_push, in every thread: summed
+// in rank order by each thread for C <= 4 (C reads, no shuffles), for 8 and 16 lane l reads slot
+// l % C and a butterfly over log2(C) lane bits sums them. (Clusters of 2, 4, 8 or 16 blocks.)
+__device__ __forceinline__ float4 inbox_total(const float4* box, int C, int lane) {
+  if (C <= 4) return sum_in_order(box, C);  // uniform over the grid
+  float4 t = box[lane & (C - 1)];
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) {
+    if (o >= C) break;
+    t.x += __shfl_xor_sync(0xffffffffu, t.x, o);
+    t.y += __shfl_xor_sync(0xffffffffu, t.y, o);
+    t.z += __shfl_xor_sync(0xffffffffu, t.z, o);
+    t.w += __shfl_xor_sync(0xffffffffu, t.w, o);
+  }
+  return t;
 }
 // Before a block of the cluster leaves: every push it issued has landed. st.async's completion is
 // seen only at its target's mbarrier, so each block arrives (relaxed: no wait for its own global
@@ -1017,21 +1083,25 @@ __device__ __forceinline__ void fold_smem_sums(const BwdParams& p, SumVec<kW>* s
 // each row-group at a time (rows r and r + stride): both rows' dgamma/dbeta terms go into the
 // thread's sums in shared memory on one read and one write of them (the same order of additions as
 // a row at a time), gamma is read from shared memory once a pass for the two, their row sums take
-// one block reduction (float4, one barrier) and in a cluster (kClustered) one push to its blocks
-// (cluster_push of a float4), and the next two rows are in flight through them. Sum vectors of at
-// most 4 floats (kW): kQ of them an access. ptxas, sm_90a, no spill anywhere:
-// - 4- and 8-byte accesses: bound to 2 blocks of 256 threads an SM as kKeep (121-128 registers with
-//   8-byte accesses, 96 with 4); launched where kKeep would be (keep_gamma_fits). Against kKeep
-//   in one-block rows (H200, bf16 and fp16, base/new twice): 1.07-1.15x at 16M elements (254, 382,
-//   500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M. In clusters measured by the sweep alone
-//   (against the last one, another call): 6,402 columns (4-byte) in c8 1.03x at 16M and 1.17-1.18x
-//   at 1M, the other 4- and 8-byte widths 0.97-1.02x.
+// one block reduction (pair_total: a float4, one barrier) and in a cluster (kClustered) one push
+// to its blocks (cluster_push of a float4, inbox_total), and the next two rows are in flight
+// through them. pair_total and inbox_total took the kernel's instructions 4-8.5% down (bf16 12,288
+// columns in c4: 16.6 -> 15.2 million); the best bf16 backward at 16M elements 1.02-1.04x at 4,096,
+// 6,144, 8,192, 16,384, 32,768 and 65,536 columns, 0.98-1.00x at the others, fp16 0.98-1.02x
+// (bench/README.md, "... in fewer instructions"). Sum vectors of at most 4 floats (kW): kQ of
+// them an access. ptxas, sm_90a, no spill anywhere:
+// - 4- and 8-byte accesses: bound to 2 blocks of 256 threads an SM as kKeep (119-121 registers with
+//   8-byte accesses, 90-94 with 4; 121-128 and 96 before pair_total); launched where kKeep would be
+//   (keep_gamma_fits). Against kKeep in one-block rows (H200, bf16 and fp16, base/new twice):
+//   1.07-1.15x at 16M elements (254, 382, 500, 766, 1,022 and 2,044 columns), 1.03-1.24x at 1M.
+//   In clusters measured by the sweep alone (against the last one, another call): 6,402 columns
+//   (4-byte) in c8 1.03x at 16M and 1.17-1.18x at 1M, the other 4- and 8-byte widths 0.97-1.02x.
 // - 16-byte accesses, early (!kLate: the next rows issued at the top of the round): 167-168
 //   registers, bound to 1 block of 256 an SM (at 2, ptxas spilled 64-92 bytes). Blocks of 96 x 2 and
 //   192 threads still fit two an SM: in one-block rows it runs there, 1.01-1.13x the kernel it
 //   replaced at 16M elements (1,280 to 1,536 columns, 2,816, 3,072), 1.11-1.14x at 1M (1,280, 1,288).
 // - 16-byte accesses, kLate (the next rows issued after the sums' pass, in flight through dx's):
-//   124-126 registers, 2 blocks of 256 an SM. In one-block rows where more of its blocks fit than
+//   126-128 registers, 2 blocks of 256 an SM. In one-block rows where more of its blocks fit than
 //   of the early form's (blocks of 160, 224 and 256 threads): 1.02-1.10x the kernels before at 16M
 //   (768 to 4,096 columns; 0.98-1.00x at 512), 1.03-1.05x at 1M (2,560); the early form where as
 //   many fit is 1.00-1.04x it at 16M (0.95-0.96x at 1M, 1,280-1,288 columns). In clusters alone:
@@ -1059,7 +1129,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
   auto slot = [&](int i, int j) -> Sum& { return sums[(i * 2 * kQ + j) * kStride]; };
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
-  const bool want_params = p.dgamma || p.dbeta;
+  // (Launched only where p sums dgamma or dbeta: with_bwd_wide_kernel.)
   wait_for_previous_grid();
   allow_next_grid();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1071,12 +1141,10 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
   if (kClustered && C > 1) cluster.barrier_arrive();
 #endif
   float* const gamma_s = fold + kStride * kNv * kV * 2;
-  if (want_params) {
 #pragma unroll
-    for (int i = 0; i < kNv; ++i)
+  for (int i = 0; i < kNv; ++i)
 #pragma unroll
-      for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};
-  }
+    for (int j = 0; j < 2 * kQ; ++j) slot(i, j) = Sum{};
   auto gamma_of = [&](int64_t a, float (&out)[kV]) { load_staged(gamma_s, a - a0, part, out); };
   // The group's two rows from row0 (row0 + group and row0 + stride + group), as loaded: zeros past
   // the end (they add nothing to the sums and store nothing).
@@ -1137,7 +1205,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
       for (int j = 0; j < kQ; ++j) {
         float gq[kW];
         load_staged_part<kV>(gamma_s, ga, part, j, gq);
-        Sum sg = want_params ? slot(i, j) : Sum{}, sb = want_params ? slot(i, kQ + j) : Sum{};
+        Sum sg = slot(i, j), sb = slot(i, kQ + j);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float xv[kV], dv[kV];
@@ -1160,10 +1228,8 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
             sum_lane<kW>(sb, k) += dv[e];
           }
         }
-        if (want_params) {
-          slot(i, j) = sg;
-          slot(i, kQ + j) = sb;
-        }
+        slot(i, j) = sg;
+        slot(i, kQ + j) = sb;
       }
     }
     // kLate: the next two rows issued here, in flight through dx's pass (128 registers hold them)
@@ -1177,14 +1243,12 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
         opaque(xs[r][i]);
         opaque(ds[r][i]);
       }
-    rs = group_total<float4>(rs, red[parity]);
+    rs = pair_total(rs, red[parity]);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (kClustered && C > 1) {  // both rows' sums to every block of the cluster (cluster_push)
       float4* const box = inbox_slots + (parity * blockDim.y + group) * C;
       cluster_push(cluster, box, bars + parity, it, rank, lane, tid == 0, C, static_cast<int>(blockDim.y), rs);
-      const int src = lane % 32;
-      const float4 o = src < C ? box[src] : make_float4(0.f, 0.f, 0.f, 0.f);
-      rs = make_float4(group_sum<32>(o.x), group_sum<32>(o.y), group_sum<32>(o.z), group_sum<32>(o.w));
+      rs = inbox_total(box, C, lane);
     }
 #endif
     float ca[2], cx[2], bx[2];
@@ -1216,7 +1280,7 @@ __global__ void __launch_bounds__(kSmemSumsMaxThreads, kLate || kBytes < 16 ? 2 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster_leave_arrive();
 #endif
-  if (want_params) fold_smem_sums<kNv, kV, kW>(p, sums, cols, clusters, cid, a0, a1, tpr, lane, group);
+  fold_smem_sums<kNv, kV, kW>(p, sums, cols, clusters, cid, a0, a1, tpr, lane, group);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster_leave_wait();
 #endif
