@@ -193,10 +193,9 @@ __device__ __forceinline__ void opaque(Pack<T, kBytes>& v) {
 // (programmatic dependent launch, layer_norm_cols.cu): 52 -> 78 us at 4,097 bf16 columns.
 template <typename V, bool kLoop = false>
 __device__ __forceinline__ V group_total(V v, V* buf) {
+  static_assert(sizeof(V) == sizeof(float) || sizeof(V) == sizeof(float2));  // float4: pair_total
   if constexpr (sizeof(V) == sizeof(float)) {
     v = group_sum<32>(v);
-  } else if constexpr (sizeof(V) == sizeof(float4)) {
-    v = V{group_sum<32>(v.x), group_sum<32>(v.y), group_sum<32>(v.z), group_sum<32>(v.w)};
   } else {
     v.x = group_sum<32>(v.x);
     v.y = group_sum<32>(v.y);
@@ -222,9 +221,6 @@ __device__ __forceinline__ V group_total(V v, V* buf) {
     const int slot = threadIdx.x % 16;
     if constexpr (sizeof(V) == sizeof(float)) {
       return group_sum<16>(slot < warps ? mine[slot] : 0.f);
-    } else if constexpr (sizeof(V) == sizeof(float4)) {
-      const V t = slot < warps ? mine[slot] : V{0.f, 0.f, 0.f, 0.f};
-      return V{group_sum<16>(t.x), group_sum<16>(t.y), group_sum<16>(t.z), group_sum<16>(t.w)};
     } else {
       const V t = slot < warps ? mine[slot] : V{0.f, 0.f};
       return V{group_sum<16>(t.x), group_sum<16>(t.y)};
@@ -343,9 +339,9 @@ __device__ __forceinline__ V* inbox_slots_of(float* smem, int inbox) {
 // than one warp its __syncthreads, precede the row-group's next push). With one warp a row-group
 // and C <= 4 that order rests on the shuffles and on the read's value being used before them, not
 // on a memory barrier (shfl.sync orders no memory in PTX's model); a __syncwarp() before the push
-// would make it formal (not measured). Every block of the cluster
-// runs every iteration (the callers' loop bounds are the cluster's). The mbarriers are initialized
-// (mbarrier_init_inbox) before a cluster barrier that precedes any push.
+// would make it formal (not measured). Every block of the cluster runs every iteration (the
+// callers' loop bounds are the cluster's). The mbarriers are initialized (mbarrier_init_inbox)
+// before a cluster barrier that precedes any push.
 template <typename V>
 __device__ __forceinline__ void cluster_push(const cg::cluster_group& cluster, V* box, uint64_t* bar, int64_t it,
                                              int rank, int lane, bool expects, int C, int groups, V v) {
