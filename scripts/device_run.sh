@@ -3,10 +3,11 @@
 # and logs under $OUT. Stages to run are the arguments (default: all):
 #   tests     C++ variant tests (gtest) and the Python tests, GPU ones included
 #   tests-quick  gtest and the LayerNorm and dispatch Python tests only (about 3 minutes less than
-#             tests; 11 minutes on an H100 on 2026-11-28, over one device call: use the two below)
-#   pytest-quick  the LayerNorm and dispatch Python tests alone (132 tests, 7 minutes on an H100 on
-#             2026-11-27, 8.6 on another the next day: near the call's limit; the two halves apart:
-#             pytest-ln, test_layer_norm.py; pytest-dispatch, test_dispatch.py, most of the time)
+#             tests; 11 minutes on an H100 on 2026-11-28, over one device call, before test_dispatch.py's
+#             tests shared their tables: use the two below)
+#   pytest-quick  the LayerNorm and dispatch Python tests alone (144 tests; on an H200 on 2026-11-29
+#             test_layer_norm.py 35 s and test_dispatch.py 251 s, down from 388 s since its tests share
+#             their tuned tables; the two halves apart: pytest-ln, pytest-dispatch)
 #   gtest     the C++ tests alone (every variant against the float64 reference)
 #   bench     bench/layer_norm.py, torch.compile included (--no-compile with bench-quick)
 #   examples  examples/evoformer.py with torch's LayerNorm and with --hfnn

@@ -3,12 +3,14 @@ not stop training. The tables come from a real `hfnn profile` of tiny_train.py a
 with the stand-in worker (tests/python/scripts/fake_tune_worker.py) saying this machine's versions,
 so they are the tables the real chain writes; on a GPU the winners are real variants and the
 calls are checked to run them."""
+import atexit
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,23 +25,45 @@ TRAIN = SCRIPTS / "dispatch_train.py"
 pytestmark = pytest.mark.skipif(HFNN is None, reason="the hfnn executable is not on PATH: run scripts/setup.sh")
 
 
+# Each `hfnn profile` and `hfnn tune` below starts Python and torch (on the GPU machine CUDA and CUPTI
+# too): about 20 s a test there when every test made its own table. The profile is made once and
+# each distinct tuning once, in this process, and every test gets a copy of its own to read.
+_BUILT = Path(tempfile.mkdtemp(prefix="hfnn-test-dispatch-"))
+atexit.register(shutil.rmtree, _BUILT, True)
+_TUNED = {}
+
+
+def _profiled():
+    """A profile of tiny_train.py (4 steps), made once."""
+    db = _BUILT / "profiled.db"
+    if not db.exists():
+        out = subprocess.run([HFNN, "profile", "-q", "--db", str(db), "--python", sys.executable,
+                              str(SCRIPTS / "tiny_train.py"), "4"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    return db
+
+
 def tuned_db(path, device="cpu", fwd="fwd_block", bwd="bwd_block", good_us="50", **hello):
     """shapes.db with a profile of tiny_train.py and winners tuned for this machine's versions (and
-    its GPU, on one): fwd/bwd win both keys unless good_us makes torch the winner."""
-    out = subprocess.run([HFNN, "profile", "-q", "--db", str(path), "--python", sys.executable,
-                          str(SCRIPTS / "tiny_train.py"), "4"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    env = dict(os.environ, HFNN_TUNE_WORKER=str(SCRIPTS / "fake_tune_worker.py"), FAKE_TUNE_TORCH=torch.__version__,
-               FAKE_TUNE_CUDA=torch.version.cuda or "", FAKE_TUNE_HFNN=hfnn.__version__, FAKE_TUNE_WINNER_FWD=fwd,
-               FAKE_TUNE_WINNER_BWD=bwd, FAKE_TUNE_GOOD_US=good_us)
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(FAKE_TUNE_GPU=props.name, FAKE_TUNE_CC=f"{props.major}.{props.minor}",
-                   FAKE_TUNE_SMS=str(props.multi_processor_count))
-    env.update(hello)
-    out = subprocess.run([HFNN, "tune", "-q", "--db", str(path), "--python", sys.executable], capture_output=True,
-                         text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr
+    its GPU, on one): fwd/bwd win both keys unless good_us makes torch the winner. A copy at `path`
+    of the table made once for these arguments."""
+    key = (device, fwd, bwd, good_us, tuple(sorted(hello.items())))
+    if key not in _TUNED:
+        built = _BUILT / f"tuned{len(_TUNED)}.db"
+        shutil.copyfile(_profiled(), built)
+        env = dict(os.environ, HFNN_TUNE_WORKER=str(SCRIPTS / "fake_tune_worker.py"), FAKE_TUNE_TORCH=torch.__version__,
+                   FAKE_TUNE_CUDA=torch.version.cuda or "", FAKE_TUNE_HFNN=hfnn.__version__,
+                   FAKE_TUNE_WINNER_FWD=fwd, FAKE_TUNE_WINNER_BWD=bwd, FAKE_TUNE_GOOD_US=good_us)
+        if device == "cuda":
+            props = torch.cuda.get_device_properties(0)
+            env.update(FAKE_TUNE_GPU=props.name, FAKE_TUNE_CC=f"{props.major}.{props.minor}",
+                       FAKE_TUNE_SMS=str(props.multi_processor_count))
+        env.update(hello)
+        out = subprocess.run([HFNN, "tune", "-q", "--db", str(built), "--python", sys.executable],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        _TUNED[key] = built
+    shutil.copyfile(_TUNED[key], path)
     return path
 
 
