@@ -12,7 +12,9 @@
 //                               (cluster_push; bench/README.md, "The clusters' exchange by st.async
 //                               and mbarriers"). The widest rows fit (registers of up to 16
 //                               blocks), and few wide rows still fill every SM: 1,365 rows of
-//                               12,288 make 1,365 x N blocks.
+//                               12,288 make 1,365 x N blocks. fwd_wide_c1, c2 and c4 take each
+//                               row in one pass, a block (cluster) a row-group
+//                               (fwd_wide_once_kernel).
 //   fwd_wide_c{1,...,16}_ps     The forward on a persistent grid (as many clusters as run at once),
 //                               each block converting its part of gamma and beta once into shared
 //                               memory as floats: faster where a cluster visits many rows, slower
@@ -94,7 +96,8 @@ int64_t accesses(int64_t cols, DType dtype, int bytes) {
   return cols / static_cast<int64_t>(bytes / static_cast<int>(dtype_size(dtype)));
 }
 
-// Accesses per thread: forward 4 (64 bytes in flight, twice that with the next row's), fewer only
+// Accesses per thread: forward 4 (64 bytes in flight, twice that with the next row's in
+// fwd_wide_body), fewer only
 // where the part has under a warp's worth of 4, 8 where 4 would need over 512 threads; backward 2
 // (it also holds float sums of dgamma and dbeta for every element it owns), 4 in float32 where a
 // row needs it (8 where 4 would need over 512 threads: max_nv below). Rows of a block: as many as
@@ -397,6 +400,32 @@ __device__ __forceinline__ void mbarrier_init_inbox(uint64_t* bars) {
 // row. Otherwise every row reads them from global memory (one row-group a block: staging would be a
 // latency chain nothing hides).
 //
+// The forward's out = xhat * gamma + beta for access a, gamma and beta read from global memory
+// (either may be absent).
+template <typename T, int kBytes>
+__device__ __forceinline__ void affine_from_global(const T* __restrict__ gamma, const T* __restrict__ beta,
+                                                   int64_t a, float (&out)[kVec<T, kBytes>]) {
+  constexpr int kV = kVec<T, kBytes>;
+  if (gamma) {
+    float g[kV];
+    unpack(load_pack<T, kBytes>(gamma + a * kV), g);
+    if (beta) {
+      float b[kV];
+      unpack(load_pack<T, kBytes>(beta + a * kV), b);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] *= g[k];
+    }
+  } else if (beta) {
+    float b[kV];
+    unpack(load_pack<T, kBytes>(beta + a * kV), b);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) out[k] += b[k];
+  }
+}
+
 // kWin (fwd_wide_win_c*, 16-byte packs): rows not 16-byte aligned, read through their windows
 // (layer_norm_window.cuh): pack a covers window positions [a * kV, a * kV + kV), column position -
 // lead. A block has one row-group. With kStaged the grid is a multiple of the rows' lead period
@@ -532,7 +561,8 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     if constexpr (!kClustered) {
       // Never taken (C is 1 here): the barrier the loop had at this point before the exchange
       // became cluster_push. ptxas schedules the one-block loop around it as it did then; without
-      // it, 83 registers instead of 64 at four 16-byte bf16 accesses (one block an SM, not two).
+      // it, 83 registers instead of 64 at four 16-byte bf16 accesses (one block an SM, not two;
+      // measured on fwd_wide_c1, which fwd_wide_once_kernel runs since: c1_ps and win_c1 here).
       if (C > 1) cluster.sync();
     }
     if (kClustered && C > 1) {  // uniform over the cluster
@@ -581,23 +611,8 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
           beta_w.floats(b_lo, b_hi, a, lead, cols, b);
 #pragma unroll
           for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
-        } else if (gamma) {
-          float g[kV];
-          unpack(load_pack<T, kBytes>(gamma + a * kV), g);
-          if (beta) {
-            float b[kV];
-            unpack(load_pack<T, kBytes>(beta + a * kV), b);
-#pragma unroll
-            for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
-          } else {
-#pragma unroll
-            for (int k = 0; k < kV; ++k) out[k] *= g[k];
-          }
-        } else if (beta) {
-          float b[kV];
-          unpack(load_pack<T, kBytes>(beta + a * kV), b);
-#pragma unroll
-          for (int k = 0; k < kV; ++k) out[k] += b[k];
+        } else {
+          affine_from_global<T, kBytes>(gamma, beta, a, out);
         }
         if constexpr (kWin) store_window<T>(y, static_cast<int>(a * kV), lead, end, y_vector, out);
         else store_pack(y + a * kV, pack<T, kBytes>(out));
@@ -613,7 +628,9 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #endif
 }
 
-// The forward's kernels: the body above under two register caps. fp16 at 4 accesses of 16 bytes a
+// The forward's kernels: the body above under two register caps (measured before fwd_wide_c1, c2
+// and c4 took fwd_wide_once_kernel, which needs no cap: 64 registers at fp16's 4 accesses; the fp16
+// cap now serves the persistent grids and clusters of 8 and 16). fp16 at 4 accesses of 16 bytes a
 // thread asks for two resident blocks of 512 threads (64 registers): left alone, its unpacking took
 // 76 where bf16 and float32 took 63-64 (ptxas, sm_90), one block an SM instead of two (H200, 16M
 // elements: the fp16 forward 1.07-1.45x faster with the cap, 1.13-1.57x split over a cluster, D =
@@ -632,17 +649,145 @@ __global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdP
                                                                       const int inbox) {
   fwd_wide_body<T, kNv, kBytes, kStaged, kWin, kClustered>(p, part, inbox);
 }
+// The forward without a persistent grid in blocks or clusters of up to 4 (fwd_wide_c1, c2, c4: gamma
+// and beta read from global memory as y is written): a block (a cluster) for every row-group of the
+// rows (fwd_wide_run), so each row-group takes one row, once, in one straight line. fwd_wide_body's
+// loop, with the next row's loads issued before this row's sums, has nothing to overlap in a grid
+// that visits a row once. H200, same build and call, against that loop (bench/README.md, "The wide
+// forward's rows in one pass"): fwd_wide_c1 at 16M elements 1.05-1.25x in 16-bit from 256 to 16,384
+// columns (79-84% of copy from 2,048 to 8,192), 1.05-2.07x on its 4- and 8-byte rows, float32
+// 1.00-1.39x; at 1M 1.02-1.29x (fp16 6,402 columns 1.83x) but float32 at 256 columns (0.92x); c2
+// 1.22x and c4 1.07x at the median; c8 and c16 0.99x (single widths to 0.96x), which keep the loop. A
+// cluster's blocks meet through cluster_push as fwd_wide_body's (its first phase), then leave together.
+constexpr bool fwd_once(int cluster, bool staged) { return !staged && cluster <= 4; }
+
+template <typename T, int kNv, int kBytes, bool kClustered>
+__global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdParams p, const int64_t part,
+                                                                    const int inbox) {
+  constexpr int kV = kVec<T, kBytes>;
+  __shared__ float red[2][32];
+  const int lane = threadIdx.x, group = threadIdx.y, tpr = blockDim.x;
+  const int64_t cols = p.cols, acc = cols / kV;
+  // One block a row-group: the whole row, at constants the compiler folds (wide_place's took bf16 at
+  // two 16-byte accesses from 40 to 58 registers).
+  WidePlace w;
+  if constexpr (kClustered) w = wide_place(part, acc);
+  else w.a1 = acc, w.cid = blockIdx.x;
+  const int C = kClustered ? w.C : 1, rank = kClustered ? w.rank : 0;
+  (void)C;  // the cluster's exchange (Hopper only)
+  const int64_t a0 = kClustered ? w.a0 : 0, a1 = kClustered ? w.a1 : acc, cid = w.cid;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const int64_t row = cid * blockDim.y + group;
+  const bool valid = row < p.rows;
+  const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
+  const T* __restrict__ beta = static_cast<const T*>(p.beta);
+  wait_for_previous_grid();
+  allow_next_grid();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) float dyn[];  // the clusters' inbox
+  const cg::cluster_group cluster = cg::this_cluster();
+  uint64_t* const bars = inbox_bars(dyn, inbox);
+  float2* const box = inbox_slots_of(dyn, inbox) + group * C;
+  if (kClustered && C > 1 && group == 0 && lane == 0) mbarrier_init_inbox(bars);
+  if (kClustered && C > 1) cluster.barrier_arrive();  // waited for after the loads are issued
+#endif
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+  Pack<T, kBytes> cur[kNv];
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+    const int64_t a = a0 + i * tpr + lane;
+    cur[i] = valid && a < a1 ? load_pack<T, kBytes>(x + a * kV) : zero_pack<T, kBytes>();
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) cluster.barrier_wait();
+#endif
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+    float v[kV];
+    unpack(cur[i], v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) s += v[k];
+  }
+  s = group_total(s, red[0]);
+  // The row stays in its packs, unpacked again for each pass, not held as floats: so in the A/Bs
+  // of c1 alone (ab 1 and 2); without it (ab 3) the sweep's times were the same (0.94-1.09x, median
+  // 1.00x).
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) opaque(cur[i]);
+  // The part's own mean (the row's where C is 1), its M2 about it, and in a cluster the parts'
+  // pairs combined by Chan's formula, as fwd_wide_body.
+  const float n_here = part_elements(rank, part, acc, kV);
+  const float m_here = kClustered ? (n_here > 0.f ? s / n_here : 0.f) : s * inv_cols;
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+    if (a0 + i * tpr + lane < a1) {
+      float v[kV];
+      unpack(cur[i], v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float d = v[k] - m_here;
+        q += d * d;
+      }
+    }
+  }
+  q = group_total(q, red[1]);
+  float mean = m_here, m2 = q;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) {  // uniform over the cluster
+    cluster_push(cluster, box, bars, 0, rank, lane, group == 0 && lane == 0, C, static_cast<int>(blockDim.y),
+                 make_float2(s, q));
+    const int r = lane % 32;
+    float2 o = make_float2(0.f, 0.f);
+    float n_r = 0.f;
+    if (r < C) {
+      o = box[r];
+      n_r = part_elements(r, part, acc, kV);
+    }
+    mean = group_sum<32>(o.x) * inv_cols;
+    const float d = n_r > 0.f ? o.x / n_r - mean : 0.f;
+    m2 = group_sum<32>(o.y + n_r * d * d);
+  }
+#endif
+  const float rstd = rsqrtf(m2 * inv_cols + p.eps);
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) opaque(cur[i]);
+  if (valid) {
+    T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) {
+      const int64_t a = a0 + i * tpr + lane;
+      if (a >= a1) continue;
+      float v[kV], out[kV];
+      unpack(cur[i], v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
+      affine_from_global<T, kBytes>(gamma, beta, a, out);
+      store_pack(y + a * kV, pack<T, kBytes>(out));
+    }
+    if (rank == 0 && lane == 0 && p.mean) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (kClustered && C > 1) cluster_leave_arrive(), cluster_leave_wait();
+#endif
+}
 // The window forward keeps the plain bound: its staging holds a thread's gamma (then beta) loads
 // in flight at once, kNv x 8 floats in 16-bit.
 // The kernel of a launch whose clusters have kCluster blocks: kClustered (the clusters' exchange
-// compiled in) exactly where kCluster > 1. The one-block variants (c1) get instantiations without
-// the exchange: its inbox addresses and iteration count held in registers took bf16 fwd_wide_c1
+// compiled in) exactly where kCluster > 1. The one-block variants (c1_ps, win_c1; c1 before
+// fwd_wide_once_kernel) get instantiations without the exchange: its inbox addresses and iteration count held in registers took bf16 fwd_wide_c1
 // from 40 to 57 registers at one 16-byte access a thread, 83 to 93 at four, and up to 1.5x the
 // time (H100, 16M elements, 8,192-14,336 columns).
 template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, int kCluster>
 constexpr auto fwd_wide_entry() {
   constexpr bool kClustered = kCluster > 1;
-  if constexpr (!kWin && ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16)))
+  if constexpr (!kWin && fwd_once(kCluster, kStaged))
+    return fwd_wide_once_kernel<T, kNv, kBytes, kClustered>;
+  else if constexpr (!kWin && ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16)))
     return fwd_wide_kernel_two<T, kNv, kBytes, kStaged, kWin, kClustered>;
   else
     return fwd_wide_kernel<T, kNv, kBytes, kStaged, kWin, kClustered>;
@@ -1485,12 +1630,19 @@ int64_t window_clusters(int64_t most, int64_t rows, int64_t cols, DType dtype) {
 
 }  // namespace
 
+// The forward without a persistent grid has a cluster for each of its row-groups
+// (fwd_wide_once_kernel): at most 2^31 - 1 blocks.
+template <int kCluster, bool kStaged>
+bool fwd_wide_rows_fit(const FwdParams& p, const WideShape& s) {
+  return !fwd_once(kCluster, kStaged) || (p.rows + s.rows - 1) / s.rows <= int64_t{0x7fffffff} / kCluster;
+}
+
 template <int kCluster, bool kStaged>
 bool fwd_wide_supports(const FwdParams& p) {
   const int bytes = fwd_bytes(p);
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
-  if (!splits(s, kCluster)) return false;
+  if (!splits(s, kCluster) || !fwd_wide_rows_fit<kCluster, kStaged>(p, s)) return false;
   const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>(), s, smem, kCluster, p.device)
@@ -1511,7 +1663,7 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const int bytes = fwd_bytes(p);
   if (!bytes) return cudaErrorInvalidValue;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
-  if (!splits(s, kCluster)) return cudaErrorInvalidValue;
+  if (!splits(s, kCluster) || !fwd_wide_rows_fit<kCluster, kStaged>(p, s)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
     auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>();
     if constexpr (kCluster > 8) {
@@ -1521,7 +1673,8 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
     const int64_t groups = (p.rows + s.rows - 1) / s.rows;
     const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    int64_t most = int64_t{1} << 26;  // clusters a launch takes
+    // Clusters a launch takes: fwd_wide_once_kernel's one a row-group (fwd_wide_rows_fit).
+    int64_t most = fwd_once(kCluster, kStaged) ? groups : int64_t{1} << 26;
     if constexpr (kStaged) {
       most = resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device);
       if (most < 1) return cudaErrorInvalidValue;
