@@ -39,6 +39,21 @@ def write_result(result: dict, out: Path | None, leave_out: tuple = ()) -> None:
     print(json.dumps({k: v for k, v in result.items() if k not in leave_out}, indent=1))
 
 
+def graph_timer(reps: int):
+    """`timed(calls)` as the LayerNorm benchmarks time: the calls captured back to back in one CUDA
+    graph, replayed `reps` times; returns the median µs per call and the quintiles (p20 is [0], p80
+    [3])."""
+    import statistics
+
+    from hfnn._measure import graph_samples
+
+    def timed(calls):
+        times = graph_samples(calls, min_samples=reps, max_samples=reps)
+        return statistics.median(times), statistics.quantiles(times, n=5)
+
+    return timed
+
+
 def copy_tbps(timed) -> float:
     """The ceiling kernels are held against: TB/s (bytes read + written) of a 1 GiB device-to-device
     copy by a kernel (a graph's memcpy node may go to a copy engine, which is slower than the SMs).

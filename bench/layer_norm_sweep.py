@@ -164,7 +164,6 @@ def measure(args):
     import torch
 
     import hfnn
-    from hfnn._measure import graph_samples
 
     if not torch.cuda.is_available():
         sys.exit("bench/layer_norm_sweep.py: no CUDA device: the sweep measures on a GPU")
@@ -183,9 +182,7 @@ def measure(args):
         sys.exit(f"bench/layer_norm_sweep.py: --variants {' '.join(args.variants)} matches no variant of this build; "
                  f"names look like {variants['fwd'][0]} or {variants['bwd'][0]}")
 
-    def timed(calls):
-        times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
-        return statistics.median(times), statistics.quantiles(times, n=5)
+    timed = _bench.graph_timer(args.reps)
 
     copy_tbps = _bench.copy_tbps(timed)
     print(f"{props.name}, torch {torch.__version__}: copy {copy_tbps:.2f} TB/s, L2 {l2 >> 20} MiB", flush=True)

@@ -18,7 +18,6 @@ import fnmatch
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,15 +41,12 @@ def main():
     import torch
 
     import hfnn
-    from hfnn._measure import graph_samples
 
     props = torch.cuda.get_device_properties(0)
     meta = {"gpu": props.name, "torch": torch.__version__, "hfnn": hfnn.__version__, "date": dt.date.today().isoformat()}
     l2 = props.L2_cache_size
 
-    def timed(calls):
-        times = graph_samples(calls, min_samples=args.reps, max_samples=args.reps)
-        return statistics.median(times), statistics.quantiles(times, n=5)
+    timed = _bench.graph_timer(args.reps)
 
     copy_tbps = _bench.copy_tbps(timed)
     print(f"{props.name}, torch {torch.__version__}: copy {copy_tbps:.2f} TB/s", flush=True)

@@ -381,6 +381,25 @@ __device__ __forceinline__ float4 inbox_total(const float4* box, int C, int lane
   }
   return t;
 }
+// The forward's row statistics after cluster_push: the mean and M2 of the row from the C parts'
+// (sum, M2 about the part's own mean) pairs in a row-group's inbox slots, by Chan's formula
+// (M2 = sum of M2_r + n_r (mean_r - mean)^2), n(r) the elements of part r. Butterfly sums over the
+// warp's lanes: the same order in every lane and every block, so every block of the cluster gets
+// bit-identical statistics.
+template <typename N>
+__device__ __forceinline__ void cluster_row_stats(const float2* box, int C, int lane, float inv_cols, N n,
+                                                  float& mean, float& m2) {
+  const int r = lane % 32;
+  float2 o = make_float2(0.f, 0.f);
+  float n_r = 0.f;
+  if (r < C) {
+    o = box[r];
+    n_r = n(r);
+  }
+  mean = group_sum<32>(o.x) * inv_cols;
+  const float d = n_r > 0.f ? o.x / n_r - mean : 0.f;
+  m2 = group_sum<32>(o.y + n_r * d * d);
+}
 // Before a block of the cluster leaves: every push it issued has landed. st.async's completion is
 // seen only at its target's mbarrier, so each block arrives (relaxed: no wait for its own global
 // stores) once it has seen its last phase complete, and leaves once all have: then every push into
@@ -571,18 +590,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
       float2* const box = inbox_slots + (parity * blockDim.y + group) * C;
       cluster_push(cluster, box, bars + parity, it, rank, lane, group == 0 && lane == 0, C,
                    static_cast<int>(blockDim.y), make_float2(s, q));
-      const int r = lane % 32;
-      float2 o = make_float2(0.f, 0.f);
-      float n_r = 0.f;
-      if (r < C) {
-        o = box[r];
-        n_r = elements(r);
-      }
-      // Butterfly sums over the warp's lanes: the same order in every lane and every block, so
-      // every block of the cluster gets bit-identical statistics.
-      mean = group_sum<32>(o.x) * inv_cols;
-      const float d = n_r > 0.f ? o.x / n_r - mean : 0.f;
-      m2 = group_sum<32>(o.y + n_r * d * d);
+      cluster_row_stats(box, C, lane, inv_cols, elements, mean, m2);
     }
 #endif
     const float rstd = rsqrtf(m2 * inv_cols + p.eps);
@@ -738,16 +746,7 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdPar
   if (kClustered && C > 1) {  // uniform over the cluster
     cluster_push(cluster, box, bars, 0, rank, lane, group == 0 && lane == 0, C, static_cast<int>(blockDim.y),
                  make_float2(s, q));
-    const int r = lane % 32;
-    float2 o = make_float2(0.f, 0.f);
-    float n_r = 0.f;
-    if (r < C) {
-      o = box[r];
-      n_r = part_elements(r, part, acc, kV);
-    }
-    mean = group_sum<32>(o.x) * inv_cols;
-    const float d = n_r > 0.f ? o.x / n_r - mean : 0.f;
-    m2 = group_sum<32>(o.y + n_r * d * d);
+    cluster_row_stats(box, C, lane, inv_cols, [&](int r) { return part_elements(r, part, acc, kV); }, mean, m2);
   }
 #endif
   const float rstd = rsqrtf(m2 * inv_cols + p.eps);
