@@ -52,6 +52,34 @@ template <typename T, int kBytes = 16>
 __device__ __forceinline__ Pack<T, kBytes> load_pack(const T* p) {
   return Pack<T, kBytes>{*reinterpret_cast<const PackRaw<kBytes>*>(p)};
 }
+// A load of data a kernel reads once: in 16-bit without an L1 line (ld.global.L1::no_allocate),
+// other dtypes as load_pack. Taken by the LayerNorm forward's one-pass wide kernel for x (H200,
+// 16M elements, same build and call: 16-bit 1.02-1.05x from 1,024 to 8,192 columns; float32 lost
+// 2-5%, so it keeps the plain load); measured and not taken for the backward's x and dy
+// (0.94-1.03x) and the row-register forward (bench/README.md, "x loaded without an L1 line").
+// Volatile, with a memory clobber: the compiler sees no memory operand in the asm, and the clobber
+// keeps it from moving the load above wait_for_previous_grid().
+template <typename T, int kBytes = 16>
+__device__ __forceinline__ Pack<T, kBytes> load_stream(const T* p) {
+  if constexpr (sizeof(T) == 2 && kBytes == 16) {
+    uint4 r;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p)
+                 : "memory");
+    return Pack<T, 16>{r};
+  } else if constexpr (sizeof(T) == 2 && kBytes == 8) {
+    uint2 r;
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p) : "memory");
+    return Pack<T, 8>{r};
+  } else if constexpr (sizeof(T) == 2 && kBytes == 4) {
+    uint32_t r;
+    asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");
+    return Pack<T, 4>{r};
+  } else {
+    return load_pack<T, kBytes>(p);
+  }
+}
 template <typename T, int kBytes>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, kBytes>& v) {
   *reinterpret_cast<PackRaw<kBytes>*>(p) = v.raw;

@@ -14,7 +14,8 @@
 //                               blocks), and few wide rows still fill every SM: 1,365 rows of
 //                               12,288 make 1,365 x N blocks. fwd_wide_c1, c2 and c4 take each
 //                               row in one pass, a block (cluster) a row-group
-//                               (fwd_wide_once_kernel).
+//                               (fwd_once_body; fwd_wide_c1's 16-bit rows at 4 accesses under a
+//                               register cap where that fits more blocks, fwd_wide_once_capped).
 //   fwd_wide_c{1,...,16}_ps     The forward on a persistent grid (as many clusters as run at once),
 //                               each block converting its part of gamma and beta once into shared
 //                               memory as floats: faster where a cluster visits many rows, slower
@@ -637,8 +638,9 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 }
 
 // The forward's kernels: the body above under two register caps (measured before fwd_wide_c1, c2
-// and c4 took fwd_wide_once_kernel, which needs no cap: 64 registers at fp16's 4 accesses; the fp16
-// cap now serves the persistent grids and clusters of 8 and 16). fp16 at 4 accesses of 16 bytes a
+// and c4 took fwd_wide_once_kernel, which needs no such cap: 64 registers at fp16's 4 accesses, and
+// fwd_wide_once_capped's 56 where that fits more blocks; the fp16 cap here now serves the persistent
+// grids and clusters of 8 and 16). fp16 at 4 accesses of 16 bytes a
 // thread asks for two resident blocks of 512 threads (64 registers): left alone, its unpacking took
 // 76 where bf16 and float32 took 63-64 (ptxas, sm_90), one block an SM instead of two (H200, 16M
 // elements: the fp16 forward 1.07-1.45x faster with the cap, 1.13-1.57x split over a cluster, D =
@@ -670,8 +672,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdP
 constexpr bool fwd_once(int cluster, bool staged) { return !staged && cluster <= 4; }
 
 template <typename T, int kNv, int kBytes, bool kClustered>
-__global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdParams p, const int64_t part,
-                                                                    const int inbox) {
+__device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t part, const int inbox) {
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y, tpr = blockDim.x;
@@ -700,11 +701,14 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdPar
   if (kClustered && C > 1) cluster.barrier_arrive();  // waited for after the loads are issued
 #endif
   const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+  // x without an L1 line in 16-bit (load_stream): 1.02-1.05x at 16M elements from 1,024 to 8,192
+  // columns, 1.00-1.02x at 1M (H200, same build and call). Not taken: gamma and beta prefetched into
+  // L1 as x's loads go out (0.41-0.99x), or all loaded before the output loop (0.55-1.04x).
   Pack<T, kBytes> cur[kNv];
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
     const int64_t a = a0 + i * tpr + lane;
-    cur[i] = valid && a < a1 ? load_pack<T, kBytes>(x + a * kV) : zero_pack<T, kBytes>();
+    cur[i] = valid && a < a1 ? load_stream<T, kBytes>(x + a * kV) : zero_pack<T, kBytes>();
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster.barrier_wait();
@@ -773,6 +777,26 @@ __global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdPar
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster_leave_arrive(), cluster_leave_wait();
 #endif
+}
+template <typename T, int kNv, int kBytes, bool kClustered>
+__global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdParams p, const int64_t part,
+                                                                    const int inbox) {
+  fwd_once_body<T, kNv, kBytes, kClustered>(p, part, inbox);
+}
+// fwd_wide_c1's 16-bit rows at 4 accesses of 16 bytes a thread: the kernel above takes 64 registers
+// (ptxas, sm_90a), this one 56 (no spill), and fwd_wide_run takes it where that holds more blocks an
+// SM (fwd_wide_pick: 3 blocks of 384 threads instead of 2 at 12,288 columns, 6 of 192 instead
+// of 5 at 6,144, 7 of 160 instead of 6 at 5,120). H200, 16M elements, same build and call
+// (bench/README.md, "x loaded without an L1 line; fwd_wide_c1's registers capped"): 1.18x at
+// 12,288 columns (1.21-1.22x with x loaded without an L1 line), 1.01-1.03x at 5,120 and 6,144; where
+// it adds no block, 0.98-1.02x (at 1M 0.98-1.03x).
+template <typename T, int kNv, int kBytes>
+__global__ void __maxnreg__(56) fwd_wide_once_capped(const FwdParams p, const int64_t part, const int inbox) {
+  fwd_once_body<T, kNv, kBytes, false>(p, part, inbox);
+}
+template <typename T, int kNv, int kBytes, bool kStaged, int kCluster>
+constexpr bool fwd_has_capped() {
+  return sizeof(T) == 2 && kNv == 4 && kBytes == 16 && kCluster == 1 && fwd_once(kCluster, kStaged);
 }
 // The window forward keeps the plain bound: its staging holds a thread's gamma (then beta) loads
 // in flight at once, kNv x 8 floats in 16-bit.
@@ -1627,10 +1651,25 @@ int64_t window_clusters(int64_t most, int64_t rows, int64_t cols, DType dtype) {
   return most - most % period;
 }
 
+// The forward's kernel for shape s: fwd_wide_entry's, or fwd_wide_once_capped where the occupancy
+// query (resident_clusters: cached per kernel, device, shape and shared memory) fits more of its
+// blocks on the device.
+template <typename T, int kNv, int kBytes, bool kStaged, int kCluster>
+auto fwd_wide_pick(const WideShape& s, std::size_t smem, const DeviceInfo& device) {
+  auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>();
+  if constexpr (fwd_has_capped<T, kNv, kBytes, kStaged, kCluster>()) {
+    auto capped = fwd_wide_once_capped<T, kNv, kBytes>;
+    if (resident_clusters(reinterpret_cast<const void*>(capped), s.threads, s.rows, smem, 1, device) >
+        resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, 1, device))
+      return capped;
+  }
+  return kernel;
+}
+
 }  // namespace
 
 // The forward without a persistent grid has a cluster for each of its row-groups
-// (fwd_wide_once_kernel): at most 2^31 - 1 blocks.
+// (fwd_once_body): at most 2^31 - 1 blocks.
 template <int kCluster, bool kStaged>
 bool fwd_wide_rows_fit(const FwdParams& p, const WideShape& s) {
   return !fwd_once(kCluster, kStaged) || (p.rows + s.rows - 1) / s.rows <= int64_t{0x7fffffff} / kCluster;
@@ -1644,7 +1683,8 @@ bool fwd_wide_supports(const FwdParams& p) {
   if (!splits(s, kCluster) || !fwd_wide_rows_fit<kCluster, kStaged>(p, s)) return false;
   const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
-           return shape_fits(fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>(), s, smem, kCluster, p.device)
+           return shape_fits(fwd_wide_pick<T, kNv, kBytes, kStaged, kCluster>(s, smem, p.device), s, smem, kCluster,
+                             p.device)
                       ? cudaSuccess
                       : cudaErrorInvalidValue;
          }) == cudaSuccess;
@@ -1664,15 +1704,15 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(s, kCluster) || !fwd_wide_rows_fit<kCluster, kStaged>(p, s)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, false, kCluster>();
+    const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
+    auto kernel = fwd_wide_pick<T, kNv, kBytes, kStaged, kCluster>(s, smem, p.device);
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
         return err;
     }
     const int64_t groups = (p.rows + s.rows - 1) / s.rows;
-    const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
     if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
-    // Clusters a launch takes: fwd_wide_once_kernel's one a row-group (fwd_wide_rows_fit).
+    // Clusters a launch takes: fwd_once_body's one a row-group (fwd_wide_rows_fit).
     int64_t most = fwd_once(kCluster, kStaged) ? groups : int64_t{1} << 26;
     if constexpr (kStaged) {
       most = resident_clusters(reinterpret_cast<const void*>(kernel), s.threads, s.rows, smem, kCluster, p.device);
