@@ -12,6 +12,11 @@
 #     issued before the output loop, 4 x loaded without L1 allocation, 5 both 1 and 4.
 # Build first, here: git apply bench/experiments/layer_norm_fwd_gb_ab.patch && bash scripts/device_wheel.sh
 # (carry .devbuild), and git apply -R it after.
+# The register caps of 48 and 40 (bench/experiments/layer_norm_fwd_cap48_ab.patch, on 1255507, the
+# commit that kept the cap of 56): HFNN_LN_FWD_CAP=48 or 40 takes that cap where it fits more blocks than 56, 0
+# the plain kernel; LN_GB_CONFIGS="base: nocap:HFNN_LN_FWD_CAP=0 cap48:HFNN_LN_FWD_CAP=48
+# cap40:HFNN_LN_FWD_CAP=40 base2:" LN_GB_DTYPES="bfloat16 float16" LN_GB_ELEMENTS="16777216 1048576"
+# LN_GB_WIDTHS="4096 6144 8192 10240 12288 14336 16384" bash bench/experiments/ln_fwd_gb_run.sh.
 cd "$(dirname "$0")/../.."
 source bench/experiments/device_start.sh
 if [[ -n "${LN_GB_NCU:-}" ]]; then
