@@ -181,6 +181,21 @@ __device__ __forceinline__ void opaque(Pack<T, kBytes>& v) {
   else asm volatile("" : "+r"(v.raw));
 }
 
+// The sum of a thread's packs' elements, pack by pack in order (the forwards' first pass).
+template <typename T, int kNv, int kBytes>
+__device__ __forceinline__ float packs_sum(const Pack<T, kBytes> (&packs)[kNv]) {
+  constexpr int kV = kVec<T, kBytes>;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+    float v[kV];
+    unpack(packs[i], v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) s += v[k];
+  }
+  return s;
+}
+
 // Sum over the row-group (blockDim.x threads, whole warps): shuffles, then the group's warps in a
 // fixed order through `buf` (one slot per warp of the block). Every thread of the block calls it;
 // every thread of a group gets its group's total. Alternate between two buffers from call to call:
@@ -541,15 +556,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
       for (int i = 0; i < kNv; ++i) mask_window(cur[i], static_cast<int>((a0 + i * tpr + lane) * kV), lead, end);
     }
     const int64_t row = row0 + group;
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      float v[kV];
-      unpack(cur[i], v);
-#pragma unroll
-      for (int k = 0; k < kV; ++k) s += v[k];
-    }
-    s = group_total(s, red[0]);
+    float s = group_total(packs_sum(cur), red[0]);
     const float m_here = n_here > 0.f ? s / n_here : 0.f;
     float q = 0.f;
 #pragma unroll
@@ -713,15 +720,7 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster.barrier_wait();
 #endif
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNv; ++i) {
-    float v[kV];
-    unpack(cur[i], v);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) s += v[k];
-  }
-  s = group_total(s, red[0]);
+  const float s = group_total(packs_sum(cur), red[0]);
   // The row stays in its packs, unpacked again for each pass, not held as floats: so in the A/Bs
   // of c1 alone (ab 1 and 2); without it (ab 3) the sweep's times were the same (0.94-1.09x, median
   // 1.00x).
