@@ -36,7 +36,9 @@
 //                               (bench/README.md, "Wide rows not 16-byte aligned through their
 //                               windows at cluster scale"); the _smem backward 1.15x the _cols one
 //                               there, 1.35-1.38x the best before in float32 at 4,097 and 12,289
-//                               ("The window backward's own sums").
+//                               ("The window backward's own sums"). fwd_wide_win_c{1,2,4}_direct,
+//                               a cluster a row, run the one-pass forward (fwd_once_body's kWin);
+//                               c8 and c16 _direct keep fwd_wide_body's loop.
 //
 // x is read once and y (dx) written once, from registers, in the widest accesses the rows allow:
 // 16 bytes, else 8 or 4 (rows and pointers aligned that far). A thread holds as many accesses at
@@ -465,9 +467,10 @@ __device__ __forceinline__ void affine_from_global(const T* __restrict__ gamma, 
 // (layer_norm_window.cuh): pack a covers window positions [a * kV, a * kV + kV), column position -
 // lead. A block has one row-group. With kStaged the grid is a multiple of the rows' lead period
 // (window_clusters), so every row a block visits has its first row's lead: gamma and beta are
-// staged once, shifted by it. Without (fwd_wide_win_c*_direct) a cluster takes one row and reads
-// them from global memory as it writes y, two aligned loads a pack shifted into place (ParamWindow).
-// y at another lead than x is written an element at a time.
+// staged once, shifted by it. Without (fwd_wide_win_c8 and c16 _direct; c1, c2 and c4 run
+// fwd_once_body) a cluster takes one row (more only past the grid's 2^31 - 1 blocks, in a
+// multiple of the period) and reads them from global memory as it writes y, two aligned loads a
+// pack shifted into place (ParamWindow). y at another lead than x is written an element at a time.
 template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, bool kClustered>
 __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t part, const int inbox) {
   static_assert(!kWin || kBytes == 16);
@@ -676,14 +679,23 @@ __global__ void __launch_bounds__(kMaxThreads, 2) fwd_wide_kernel_two(const FwdP
 // 1.00-1.39x; at 1M 1.02-1.29x (fp16 6,402 columns 1.83x) but float32 at 256 columns (0.92x); c2
 // 1.22x and c4 1.07x at the median; c8 and c16 0.99x (single widths to 0.96x), which keep the loop. A
 // cluster's blocks meet through cluster_push as fwd_wide_body's (its first phase), then leave together.
+// The window forward's direct variants of up to 4 blocks (fwd_wide_win_c1, c2, c4 _direct) too:
+// against fwd_wide_body's loop (H200, bench/README.md, "The window forward's direct variants in one
+// pass"), fwd_wide_win_c1_direct 1.19-1.39x in 16-bit at 16M elements, 1.26-2.04x in float32,
+// 1.07-1.30x in 16-bit at 1M (float32 0.97-1.57x); c2 and c4 1.02-1.85x at 16M, 0.96-1.67x at
+// 1M; at 64K elements 0.89-1.32x.
 constexpr bool fwd_once(int cluster, bool staged) { return !staged && cluster <= 4; }
 
-template <typename T, int kNv, int kBytes, bool kClustered>
+// kWin (fwd_wide_win_c1, c2 and c4 _direct; 16-byte packs): rows not 16-byte aligned, through their
+// windows as fwd_wide_body's kWin, each row-group at its own row's lead: gamma and beta two aligned
+// loads a pack shifted into place (ParamWindow), y at another lead than x an element at a time.
+template <typename T, int kNv, int kBytes, bool kClustered, bool kWin = false>
 __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t part, const int inbox) {
+  static_assert(!kWin || kBytes == 16);
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
   const int lane = threadIdx.x, group = threadIdx.y, tpr = blockDim.x;
-  const int64_t cols = p.cols, acc = cols / kV;
+  const int64_t cols = p.cols, acc = kWin ? window_accesses(cols, kV) : cols / kV;
   // One block a row-group: the whole row, at constants the compiler folds (wide_place's took bf16 at
   // two 16-byte accesses from 40 to 58 registers).
   WidePlace w;
@@ -695,6 +707,13 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const int64_t row = cid * blockDim.y + group;
   const bool valid = row < p.rows;
+  // kWin: the row's lead and its window's end (cols <= kMaxWindowCols).
+  const int lead = kWin ? row_lead<T>(p.x, row * cols) : 0;
+  const int end = kWin ? lead + static_cast<int>(cols) : 0;
+  auto elements = [&](int r) -> float {
+    if constexpr (kWin) return window_part_elements(r, part, acc, kV, lead, end);
+    else return part_elements(r, part, acc, kV);
+  };
   const T* __restrict__ gamma = static_cast<const T*>(p.gamma);
   const T* __restrict__ beta = static_cast<const T*>(p.beta);
   wait_for_previous_grid();
@@ -707,7 +726,7 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
   if (kClustered && C > 1 && group == 0 && lane == 0) mbarrier_init_inbox(bars);
   if (kClustered && C > 1) cluster.barrier_arrive();  // waited for after the loads are issued
 #endif
-  const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols - lead;
   // x without an L1 line in 16-bit (load_stream): 1.02-1.05x at 16M elements from 1,024 to 8,192
   // columns, 1.00-1.02x at 1M (H200, same build and call). Not taken: gamma and beta prefetched into
   // L1 as x's loads go out (0.41-0.99x), or all loaded before the output loop (0.55-1.04x).
@@ -715,11 +734,16 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
 #pragma unroll
   for (int i = 0; i < kNv; ++i) {
     const int64_t a = a0 + i * tpr + lane;
-    cur[i] = valid && a < a1 ? load_stream<T, kBytes>(x + a * kV) : zero_pack<T, kBytes>();
+    cur[i] = valid && a < a1 && (!kWin || a * kV < end) ? load_stream<T, kBytes>(x + a * kV)
+                                                         : zero_pack<T, kBytes>();
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) cluster.barrier_wait();
 #endif
+  if constexpr (kWin) {  // the window's two end packs hold the neighbouring rows' elements
+#pragma unroll
+    for (int i = 0; i < kNv; ++i) mask_window(cur[i], static_cast<int>((a0 + i * tpr + lane) * kV), lead, end);
+  }
   const float s = group_total(packs_sum(cur), red[0]);
   // The row stays in its packs, unpacked again for each pass, not held as floats: so in the A/Bs
   // of c1 alone (ab 1 and 2); without it (ab 3) the sweep's times were the same (0.94-1.09x, median
@@ -728,7 +752,7 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
   for (int i = 0; i < kNv; ++i) opaque(cur[i]);
   // The part's own mean (the row's where C is 1), its M2 about it, and in a cluster the parts'
   // pairs combined by Chan's formula, as fwd_wide_body.
-  const float n_here = part_elements(rank, part, acc, kV);
+  const float n_here = elements(rank);
   const float m_here = kClustered ? (n_here > 0.f ? s / n_here : 0.f) : s * inv_cols;
   float q = 0.f;
 #pragma unroll
@@ -736,10 +760,21 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
     if (a0 + i * tpr + lane < a1) {
       float v[kV];
       unpack(cur[i], v);
+      const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
+      // kWin: the row's elements alone in its two end packs (16-bit) or in every pack (float32), as
+      // fwd_wide_body's.
+      if (!kWin || (sizeof(T) == 2 && pos >= lead && pos + kV <= end)) {
 #pragma unroll
-      for (int k = 0; k < kV; ++k) {
-        const float d = v[k] - m_here;
-        q += d * d;
+        for (int k = 0; k < kV; ++k) {
+          const float d = v[k] - m_here;
+          q += d * d;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = v[k] - m_here;
+          if (pos + k >= lead && pos + k < end) q += d * d;
+        }
       }
     }
   }
@@ -749,24 +784,40 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
   if (kClustered && C > 1) {  // uniform over the cluster
     cluster_push(cluster, box, bars, 0, rank, lane, group == 0 && lane == 0, C, static_cast<int>(blockDim.y),
                  make_float2(s, q));
-    cluster_row_stats(box, C, lane, inv_cols, [&](int r) { return part_elements(r, part, acc, kV); }, mean, m2);
+    cluster_row_stats(box, C, lane, inv_cols, elements, mean, m2);
   }
 #endif
   const float rstd = rsqrtf(m2 * inv_cols + p.eps);
 #pragma unroll
   for (int i = 0; i < kNv; ++i) opaque(cur[i]);
   if (valid) {
-    T* __restrict__ y = static_cast<T*>(p.y) + row * cols;
+    T* __restrict__ y = static_cast<T*>(p.y) + row * cols - lead;
+    // kWin: whether y is at x's lead (16-byte stores), as it is unless the caller's x is offset.
+    const bool y_vector = !kWin || same_lead(p.x, p.y);
+    const ParamWindow<T> gamma_w(kWin ? gamma : nullptr, 1.f, lead, cols);
+    const ParamWindow<T> beta_w(kWin ? beta : nullptr, 0.f, lead, cols);
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      if (a >= a1) continue;
+      if (a >= a1 || (kWin && a * kV >= end)) continue;
       float v[kV], out[kV];
       unpack(cur[i], v);
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
-      affine_from_global<T, kBytes>(gamma, beta, a, out);
-      store_pack(y + a * kV, pack<T, kBytes>(out));
+      if constexpr (kWin) {
+        Pack<T, 16> g_lo, g_hi, b_lo, b_hi;
+        gamma_w.load(a, true, g_lo, g_hi);
+        beta_w.load(a, true, b_lo, b_hi);
+        float g[kV], b[kV];
+        gamma_w.floats(g_lo, g_hi, a, lead, cols, g);
+        beta_w.floats(b_lo, b_hi, a, lead, cols, b);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+        store_window<T>(y, static_cast<int>(a * kV), lead, end, y_vector, out);
+      } else {
+        affine_from_global<T, kBytes>(gamma, beta, a, out);
+        store_pack(y + a * kV, pack<T, kBytes>(out));
+      }
     }
     if (rank == 0 && lane == 0 && p.mean) {
       p.mean[row] = mean;
@@ -777,10 +828,10 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
   if (kClustered && C > 1) cluster_leave_arrive(), cluster_leave_wait();
 #endif
 }
-template <typename T, int kNv, int kBytes, bool kClustered>
+template <typename T, int kNv, int kBytes, bool kClustered, bool kWin = false>
 __global__ void __launch_bounds__(kMaxThreads) fwd_wide_once_kernel(const FwdParams p, const int64_t part,
                                                                     const int inbox) {
-  fwd_once_body<T, kNv, kBytes, kClustered>(p, part, inbox);
+  fwd_once_body<T, kNv, kBytes, kClustered, kWin>(p, part, inbox);
 }
 // fwd_wide_c1's 16-bit rows at 4 accesses of 16 bytes a thread: the kernel above takes 64 registers
 // (ptxas, sm_90a), this one 56 (no spill), and fwd_wide_run takes it where that holds more blocks an
@@ -798,7 +849,10 @@ constexpr bool fwd_has_capped() {
   return sizeof(T) == 2 && kNv == 4 && kBytes == 16 && kCluster == 1 && fwd_once(kCluster, kStaged);
 }
 // The window forward keeps the plain bound: its staging holds a thread's gamma (then beta) loads
-// in flight at once, kNv x 8 floats in 16-bit.
+// in flight at once, kNv x 8 floats in 16-bit. The one-pass window form (fwd_once_body's kWin,
+// 96-99 registers at 4 accesses of 16 bytes in 16-bit) too: caps of 64, 72 and 80 spilled 88, 56
+// and 24 bytes there and left it 1.1-1.8x the staged one's time (H200, bench/README.md, "Register caps
+// for the one-pass window forward: not kept").
 // The kernel of a launch whose clusters have kCluster blocks: kClustered (the clusters' exchange
 // compiled in) exactly where kCluster > 1. The one-block variants (c1_ps, win_c1; c1 before
 // fwd_wide_once_kernel) get instantiations without the exchange: its inbox addresses and iteration count held in registers took bf16 fwd_wide_c1
@@ -807,8 +861,8 @@ constexpr bool fwd_has_capped() {
 template <typename T, int kNv, int kBytes, bool kStaged, bool kWin, int kCluster>
 constexpr auto fwd_wide_entry() {
   constexpr bool kClustered = kCluster > 1;
-  if constexpr (!kWin && fwd_once(kCluster, kStaged))
-    return fwd_wide_once_kernel<T, kNv, kBytes, kClustered>;
+  if constexpr (fwd_once(kCluster, kStaged))
+    return fwd_wide_once_kernel<T, kNv, kBytes, kClustered, kWin>;
   else if constexpr (!kWin && ((kStaged && kNv <= 4) || (std::is_same_v<T, __half> && kNv == 4 && kBytes == 16)))
     return fwd_wide_kernel_two<T, kNv, kBytes, kStaged, kWin, kClustered>;
   else
@@ -1783,10 +1837,19 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
 // through their windows. Where the rows allow 4- or 8-byte accesses the other wide variants take
 // them too, and the sweep's data chooses.
 // kStaged (fwd_wide_win_c*): a persistent grid of as many clusters as run at once, a multiple of
-// the rows' lead period (window_clusters). Otherwise (fwd_wide_win_c*_direct) a cluster a row.
+// the rows' lead period (window_clusters). Otherwise (fwd_wide_win_c*_direct) a cluster a row:
+// fwd_once_body's one-pass kernel for clusters of up to 4 (supports() says no where the rows need
+// more than the grid's 2^31 - 1 blocks), fwd_wide_body's loop for 8 and 16.
 template <int kCluster, bool kStaged>
 int64_t fwd_win_clusters(const void* kernel, const FwdParams& p, const WideShape& s, std::size_t smem) {
-  if constexpr (!kStaged) return p.rows;
+  if constexpr (!kStaged) {
+    // A cluster a row: fwd_once_body takes exactly one (c1, c2, c4: 0, so supports() says no,
+    // past the grid's 2^31 - 1 blocks); fwd_wide_body loops over the rows past them, its grid a
+    // multiple of the rows' lead period (window_clusters) so that each cluster keeps one lead.
+    const int64_t most = int64_t{0x7fffffff} / kCluster;
+    if constexpr (fwd_once(kCluster, kStaged)) return p.rows <= most ? p.rows : 0;
+    return window_clusters(most, p.rows, p.cols, p.dtype);
+  }
   return window_clusters(resident_clusters(kernel, s.threads, s.rows, smem, kCluster, p.device), p.rows, p.cols,
                          p.dtype);
 }
