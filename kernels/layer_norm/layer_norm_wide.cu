@@ -198,6 +198,39 @@ __device__ __forceinline__ float packs_sum(const Pack<T, kBytes> (&packs)[kNv]) 
   return s;
 }
 
+// The sum of (v - m)^2 over a thread's packs, pack by pack in order (the forwards' second pass):
+// packs at or past the part's end a1 add nothing. kWin: the row's elements alone ([lead, end)),
+// tested in its two end packs in 16-bit and in every pack in float32 (measured faster there, H100,
+// 2026-11-26, seventh session).
+template <typename T, int kNv, int kBytes, bool kWin>
+__device__ __forceinline__ float packs_m2(const Pack<T, kBytes> (&packs)[kNv], int64_t a0, int64_t a1, int tpr,
+                                          int lane, float m, int lead, int end) {
+  constexpr int kV = kVec<T, kBytes>;
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNv; ++i) {
+    if (a0 + i * tpr + lane < a1) {
+      float v[kV];
+      unpack(packs[i], v);
+      const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
+      if (!kWin || (sizeof(T) == 2 && pos >= lead && pos + kV <= end)) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = v[k] - m;
+          q += d * d;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          const float d = v[k] - m;
+          if (pos + k >= lead && pos + k < end) q += d * d;
+        }
+      }
+    }
+  }
+  return q;
+}
+
 // Sum over the row-group (blockDim.x threads, whole warps): shuffles, then the group's warps in a
 // fixed order through `buf` (one slot per warp of the block). Every thread of the block calls it;
 // every thread of a group gets its group's total. Alternate between two buffers from call to call:
@@ -431,6 +464,23 @@ __device__ __forceinline__ void mbarrier_init_inbox(uint64_t* bars) {
 }
 #endif
 
+// The affine step of a row read through its window (kWin, 16-byte packs): window pack a's gamma and
+// beta, two aligned loads each shifted into place (ParamWindow; 1 and 0 outside the row and where
+// there is no parameter), out = out * gamma + beta.
+template <typename T>
+__device__ __forceinline__ void affine_window(const ParamWindow<T>& gamma_w, const ParamWindow<T>& beta_w, int64_t a,
+                                              int lead, int64_t cols, float (&out)[kVec<T, 16>]) {
+  constexpr int kV = kVec<T, 16>;
+  Pack<T, 16> g_lo, g_hi, b_lo, b_hi;
+  gamma_w.load(a, true, g_lo, g_hi);
+  beta_w.load(a, true, b_lo, b_hi);
+  float g[kV], b[kV];
+  gamma_w.floats(g_lo, g_hi, a, lead, cols, g);
+  beta_w.floats(b_lo, b_hi, a, lead, cols, b);
+#pragma unroll
+  for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+}
+
 // kStaged: a persistent grid's body (a block visits several row-groups): gamma (1 where there is
 // none) and beta (0) for the block's part of a row, converted once into shared memory as floats in
 // load_staged's layout after the first row's loads are issued (fwd_smem_bytes), then read on every
@@ -561,31 +611,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     const int64_t row = row0 + group;
     float s = group_total(packs_sum(cur), red[0]);
     const float m_here = n_here > 0.f ? s / n_here : 0.f;
-    float q = 0.f;
-#pragma unroll
-    for (int i = 0; i < kNv; ++i) {
-      if (a0 + i * tpr + lane < a1) {
-        float v[kV];
-        unpack(cur[i], v);
-        const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
-        // 16-bit: the mask in the row's two end packs alone; float32 in every pack, as measured
-        // faster (seventh session).
-        if (!kWin || (sizeof(T) == 2 && pos >= lead && pos + kV <= end)) {
-#pragma unroll
-          for (int k = 0; k < kV; ++k) {
-            const float d = v[k] - m_here;
-            q += d * d;
-          }
-        } else {  // kWin: the row's elements only
-#pragma unroll
-          for (int k = 0; k < kV; ++k) {
-            const float d = v[k] - m_here;
-            if (pos + k >= lead && pos + k < end) q += d * d;
-          }
-        }
-      }
-    }
-    q = group_total(q, red[1]);
+    const float q = group_total(packs_m2<T, kNv, kBytes, kWin>(cur, a0, a1, tpr, lane, m_here, lead, end), red[1]);
     float mean = m_here, m2 = q;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (!kClustered) {
@@ -622,14 +648,7 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #pragma unroll
           for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
         } else if constexpr (kWin) {
-          Pack<T, 16> g_lo, g_hi, b_lo, b_hi;
-          gamma_w.load(a, true, g_lo, g_hi);
-          beta_w.load(a, true, b_lo, b_hi);
-          float g[kV], b[kV];
-          gamma_w.floats(g_lo, g_hi, a, lead, cols, g);
-          beta_w.floats(b_lo, b_hi, a, lead, cols, b);
-#pragma unroll
-          for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+          affine_window<T>(gamma_w, beta_w, a, lead, cols, out);
         } else {
           affine_from_global<T, kBytes>(gamma, beta, a, out);
         }
@@ -754,31 +773,7 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
   // pairs combined by Chan's formula, as fwd_wide_body.
   const float n_here = elements(rank);
   const float m_here = kClustered ? (n_here > 0.f ? s / n_here : 0.f) : s * inv_cols;
-  float q = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNv; ++i) {
-    if (a0 + i * tpr + lane < a1) {
-      float v[kV];
-      unpack(cur[i], v);
-      const int pos = static_cast<int>((a0 + i * tpr + lane) * kV);
-      // kWin: the row's elements alone in its two end packs (16-bit) or in every pack (float32), as
-      // fwd_wide_body's.
-      if (!kWin || (sizeof(T) == 2 && pos >= lead && pos + kV <= end)) {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float d = v[k] - m_here;
-          q += d * d;
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kV; ++k) {
-          const float d = v[k] - m_here;
-          if (pos + k >= lead && pos + k < end) q += d * d;
-        }
-      }
-    }
-  }
-  q = group_total(q, red[1]);
+  const float q = group_total(packs_m2<T, kNv, kBytes, kWin>(cur, a0, a1, tpr, lane, m_here, lead, end), red[1]);
   float mean = m_here, m2 = q;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (kClustered && C > 1) {  // uniform over the cluster
@@ -805,14 +800,7 @@ __device__ __forceinline__ void fwd_once_body(const FwdParams& p, const int64_t 
 #pragma unroll
       for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
       if constexpr (kWin) {
-        Pack<T, 16> g_lo, g_hi, b_lo, b_hi;
-        gamma_w.load(a, true, g_lo, g_hi);
-        beta_w.load(a, true, b_lo, b_hi);
-        float g[kV], b[kV];
-        gamma_w.floats(g_lo, g_hi, a, lead, cols, g);
-        beta_w.floats(b_lo, b_hi, a, lead, cols, b);
-#pragma unroll
-        for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
+        affine_window<T>(gamma_w, beta_w, a, lead, cols, out);
         store_window<T>(y, static_cast<int>(a * kV), lead, end, y_vector, out);
       } else {
         affine_from_global<T, kBytes>(gamma, beta, a, out);
