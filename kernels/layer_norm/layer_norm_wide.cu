@@ -1831,12 +1831,12 @@ cudaError_t bwd_wide_run(const BwdParams& p, cudaStream_t stream) {
 template <int kCluster, bool kStaged>
 int64_t fwd_win_clusters(const void* kernel, const FwdParams& p, const WideShape& s, std::size_t smem) {
   if constexpr (!kStaged) {
-    // A cluster a row: fwd_once_body takes exactly one (c1, c2, c4: 0, so supports() says no,
-    // past the grid's 2^31 - 1 blocks); fwd_wide_body loops over the rows past them, its grid a
-    // multiple of the rows' lead period (window_clusters) so that each cluster keeps one lead.
-    const int64_t most = int64_t{0x7fffffff} / kCluster;
-    if constexpr (fwd_once(kCluster, kStaged)) return p.rows <= most ? p.rows : 0;
-    return window_clusters(most, p.rows, p.cols, p.dtype);
+    // A cluster a row (one row-group a block): fwd_once_body takes exactly one (c1, c2, c4: 0, so
+    // supports() says no, where fwd_wide_rows_fit does not hold); fwd_wide_body loops over the rows
+    // past the grid's 2^31 - 1 blocks, its grid a multiple of the rows' lead period
+    // (window_clusters) so that each cluster keeps one lead.
+    if constexpr (fwd_once(kCluster, kStaged)) return fwd_wide_rows_fit<kCluster, kStaged>(p, s) ? p.rows : 0;
+    return window_clusters(int64_t{0x7fffffff} / kCluster, p.rows, p.cols, p.dtype);
   }
   return window_clusters(resident_clusters(kernel, s.threads, s.rows, smem, kCluster, p.device), p.rows, p.cols,
                          p.dtype);
