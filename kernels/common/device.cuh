@@ -55,8 +55,10 @@ __device__ __forceinline__ Pack<T, kBytes> load_pack(const T* p) {
 // A load of data a kernel reads once: in 16-bit without an L1 line (ld.global.L1::no_allocate),
 // other dtypes as load_pack. Taken by the LayerNorm forward's one-pass wide kernel for x (H200,
 // 16M elements, same build and call: 16-bit 1.02-1.05x from 1,024 to 8,192 columns; float32 lost
-// 2-5%, so it keeps the plain load); measured and not taken for the backward's x and dy
-// (0.94-1.03x) and the row-register forward (bench/README.md, "x loaded without an L1 line").
+// 2-5%, so it keeps the plain load) and by the persistent wide forward (fwd_wide_c*_ps: median
+// 1.05x at 16M, 0.975x at 1M); measured and not taken for the backward's x and dy
+// (0.94-1.03x), the row-register forward and the wide forward's other loop forms (bench/README.md,
+// "x loaded without an L1 line", "The persistent forward's x without an L1 line").
 // Volatile, with a memory clobber: the compiler sees no memory operand in the asm, and the clobber
 // keeps it from moving the load above wait_for_previous_grid().
 template <typename T, int kBytes = 16>

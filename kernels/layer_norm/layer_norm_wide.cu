@@ -564,15 +564,23 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
 #endif
 
   // The group's row starting at row0, as loaded (zeros past the last row and the part's end; kWin:
-  // the window's ends still hold the neighbouring rows' elements until mask_window).
+  // the window's ends still hold the neighbouring rows' elements until mask_window). The persistent
+  // forward (fwd_wide_c*_ps) loads x without an L1 line in 16-bit (load_stream). H200, same build
+  // and call, medians over 6,402-65,538 columns: 1.05x at 16M elements (single widths 1.00-1.16x);
+  // c8_ps and c16_ps 0.975x at 1M and 0.99x at 64K, where the built-in choice's data can pick
+  // another variant. The loop's other forms keep the plain load: fwd_wide_c8 and c16 1.01x at 16M,
+  // 0.97-0.99x at 1M and 64K; the window forward 1.02x at 16M (4,097-65,538 columns, 0.96-1.07x),
+  // not measured at 1M. As __ldcg (ld.global.cg): 0.99-1.00x everywhere, the _ps variants' gain gone
+  // (bench/README.md, "The persistent forward's x without an L1 line").
   auto load = [&](int64_t row0, Pack<T, kBytes> (&dst)[kNv]) {
     const int64_t row = row0 + group;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * cols - lead;
 #pragma unroll
     for (int i = 0; i < kNv; ++i) {
       const int64_t a = a0 + i * tpr + lane;
-      dst[i] = row < p.rows && a < a1 && (!kWin || a * kV < end) ? load_pack<T, kBytes>(x + a * kV)
-                                                                  : zero_pack<T, kBytes>();
+      dst[i] = row < p.rows && a < a1 && (!kWin || a * kV < end)
+                   ? (kStaged && !kWin ? load_stream<T, kBytes>(x + a * kV) : load_pack<T, kBytes>(x + a * kV))
+                   : zero_pack<T, kBytes>();
     }
   };
   // The loop bound is the cluster's first row: every block of the cluster, and every thread of a
