@@ -482,9 +482,10 @@ __device__ __forceinline__ void affine_window(const ParamWindow<T>& gamma_w, con
 }
 
 // kStaged: a persistent grid's body (a block visits several row-groups): gamma (1 where there is
-// none) and beta (0) for the block's part of a row, converted once into shared memory as floats in
-// load_staged's layout after the first row's loads are issued (fwd_smem_bytes), then read on every
-// row. Otherwise every row reads them from global memory (one row-group a block: staging would be a
+// none) and beta (0) for the block's part of a row, staged once into shared memory after the first
+// row's loads are issued (fwd_smem_bytes), then read on every row: in 16-bit in their dtype
+// (stage_param_raw), in float32 and in the window forward as floats in load_staged's layout.
+// Otherwise every row reads them from global memory (one row-group a block: staging would be a
 // latency chain nothing hides).
 //
 // The forward's out = xhat * gamma + beta for access a, gamma and beta read from global memory
@@ -511,6 +512,27 @@ __device__ __forceinline__ void affine_from_global(const T* __restrict__ gamma, 
 #pragma unroll
     for (int k = 0; k < kV; ++k) out[k] += b[k];
   }
+}
+
+// The persistent forward's gamma or beta in 16-bit (fwd_wide_c*_ps), staged in its dtype: access a's
+// pack (kBytes) at pack index at + a of s (s 16-byte aligned; `missing` where there is no parameter),
+// unpacked as each row's output is written. Half the shared memory of the floats load_staged reads:
+// more blocks an SM where shared memory limited them, and c1_ps now takes 32,768 columns, c2_ps 65,536.
+// H200, same build and call, 16-bit, 16M elements: the best forward 1.01-1.12x from 16,384 to
+// 65,536 columns; each variant's median c1_ps 1.10-1.14x, c2_ps and c4_ps 1.04-1.06x, c8_ps and
+// c16_ps 0.96-0.99x (bench/README.md, "The persistent forward's gamma and beta in their dtype").
+// The window forward keeps its floats (stage_param_window shifts them into place first).
+template <typename T, int kBytes>
+__device__ __forceinline__ void stage_param_raw(float* s, const T* param, float missing, int64_t a0, int64_t n,
+                                                int tid, int threads, int64_t at = 0) {
+  constexpr int kV = kVec<T, kBytes>;
+  float m[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k) m[k] = missing;
+  const Pack<T, kBytes> fill = pack<T, kBytes>(m);
+  for (int64_t a = tid; a < n; a += threads)
+    reinterpret_cast<PackRaw<kBytes>*>(s)[at + a] =
+        param ? load_pack<T, kBytes>(param + (a0 + a) * kV).raw : fill.raw;
 }
 
 // kWin (fwd_wide_win_c*, 16-byte packs): rows not 16-byte aligned, read through their windows
@@ -595,6 +617,9 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
     if constexpr (kWin) {
       stage_param_window<T, kNv>(params, gamma, 1.f, a0, a1 - a0, part, tid, threads, lead, cols);
       stage_param_window<T, kNv>(params + part * kV, beta, 0.f, a0, a1 - a0, part, tid, threads, lead, cols);
+    } else if constexpr (sizeof(T) == 2) {
+      stage_param_raw<T, kBytes>(params, gamma, 1.f, a0, a1 - a0, tid, threads);
+      stage_param_raw<T, kBytes>(params, beta, 0.f, a0, a1 - a0, tid, threads, part);
     } else {
       stage_param<T, kBytes>(params, gamma, 1.f, a0, a1 - a0, part, tid, threads);
       stage_param<T, kBytes>(params + part * kV, beta, 0.f, a0, a1 - a0, part, tid, threads);
@@ -651,8 +676,13 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
         for (int k = 0; k < kV; ++k) out[k] = (v[k] - mean) * rstd;
         if constexpr (kStaged) {
           float g[kV], b[kV];
-          load_staged(params, a - a0, part, g);
-          load_staged(params + part * kV, a - a0, part, b);
+          if constexpr (!kWin && sizeof(T) == 2) {
+            unpack(Pack<T, kBytes>{reinterpret_cast<const PackRaw<kBytes>*>(params)[a - a0]}, g);
+            unpack(Pack<T, kBytes>{reinterpret_cast<const PackRaw<kBytes>*>(params)[part + a - a0]}, b);
+          } else {
+            load_staged(params, a - a0, part, g);
+            load_staged(params + part * kV, a - a0, part, b);
+          }
 #pragma unroll
           for (int k = 0; k < kV; ++k) out[k] = fmaf(out[k], g[k], b[k]);
         } else if constexpr (kWin) {
@@ -1607,10 +1637,12 @@ int bwd_bytes(const BwdParams& p) {
   return wide_access_bytes(p.cols, p.dtype, {p.x, p.dy, p.dx, p.gamma});
 }
 
-// The staged forward's shared memory: gamma and beta as floats for the block's columns.
-std::size_t fwd_smem_bytes(const WideShape& s, DType dtype) {
-  return 2 * static_cast<std::size_t>(s.part) * (static_cast<std::size_t>(s.bytes) / dtype_size(dtype)) *
-         sizeof(float);
+// The staged forward's shared memory: gamma and beta for the block's columns, as floats or in their
+// dtype (in_dtype: the persistent forward, fwd_wide_c*_ps; stage_param_raw).
+std::size_t fwd_smem_bytes(const WideShape& s, DType dtype, bool in_dtype) {
+  const std::size_t elements =
+      2 * static_cast<std::size_t>(s.part) * (static_cast<std::size_t>(s.bytes) / dtype_size(dtype));
+  return elements * (in_dtype ? dtype_size(dtype) : sizeof(float));
 }
 
 // A kernel's dynamic shared memory: its own `own` bytes, then in a cluster the inbox (kInboxBarFloats).
@@ -1626,12 +1658,15 @@ int inbox_at(std::size_t own, int cluster) {
 }
 
 // The forward's dynamic shared memory: gamma and beta staged (kStaged), then the inbox.
-std::size_t fwd_own_bytes(const WideShape& s, DType dtype, bool staged) { return staged ? fwd_smem_bytes(s, dtype) : 0; }
-std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster) {
-  return smem_with_inbox(fwd_own_bytes(s, dtype, staged), s, cluster);
+std::size_t fwd_own_bytes(const WideShape& s, DType dtype, bool staged, bool win) {
+  return staged ? fwd_smem_bytes(s, dtype, !win) : 0;
 }
-int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster) {
-  return inbox_at(fwd_own_bytes(s, dtype, staged), cluster);
+// win: the window forward (gamma and beta staged as floats).
+std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster, bool win = false) {
+  return smem_with_inbox(fwd_own_bytes(s, dtype, staged, win), s, cluster);
+}
+int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster, bool win = false) {
+  return inbox_at(fwd_own_bytes(s, dtype, staged, win), cluster);
 }
 
 // The backward's shared memory: its sums or fold, then gamma as floats for the block's columns;
@@ -1855,7 +1890,7 @@ bool fwd_wide_win_supports(const FwdParams& p) {
   if (!window_rows(p.rows, p.cols, p.dtype, p.device.device, {p.x, p.y, p.gamma, p.beta})) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, 16, kCluster, false, false, true);
   if (!splits(s, kCluster)) return false;
-  const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
+  const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster, true);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            if constexpr (kBytes == 16) {
              auto kernel = fwd_wide_entry<T, kNv, kBytes, kStaged, true, kCluster>();
@@ -1882,12 +1917,12 @@ cudaError_t fwd_wide_win_run(const FwdParams& p, cudaStream_t stream) {
         if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
           return err;
       }
-      const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
+      const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster, true);
       if (const cudaError_t err = allow_smem(kernel, smem); err != cudaSuccess) return err;
       const int64_t clusters = fwd_win_clusters<kCluster, kStaged>(reinterpret_cast<const void*>(kernel), p, s, smem);
       if (clusters < 1) return cudaErrorInvalidValue;
       return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                    kCluster, p, s.part, fwd_inbox_at(s, p.dtype, kStaged, kCluster));
+                    kCluster, p, s.part, fwd_inbox_at(s, p.dtype, kStaged, kCluster, true));
     }
   });
 }
