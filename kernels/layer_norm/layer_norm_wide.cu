@@ -548,7 +548,8 @@ __device__ __forceinline__ void fwd_wide_body(const FwdParams& p, const int64_t 
   static_assert(!kWin || kBytes == 16);
   constexpr int kV = kVec<T, kBytes>;
   __shared__ float red[2][32];
-  extern __shared__ __align__(16) float params[];  // kStaged: [part * kV] gamma, then beta
+  // kStaged: gamma then beta, each [part * kV] floats, or in 16-bit without kWin [part] packs of T.
+  extern __shared__ __align__(16) float params[];
   const int lane = threadIdx.x, group = threadIdx.y;
   const int tpr = blockDim.x;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1662,10 +1663,10 @@ std::size_t fwd_own_bytes(const WideShape& s, DType dtype, bool staged, bool win
   return staged ? fwd_smem_bytes(s, dtype, !win) : 0;
 }
 // win: the window forward (gamma and beta staged as floats).
-std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster, bool win = false) {
+std::size_t fwd_wide_smem(const WideShape& s, DType dtype, bool staged, int cluster, bool win) {
   return smem_with_inbox(fwd_own_bytes(s, dtype, staged, win), s, cluster);
 }
-int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster, bool win = false) {
+int fwd_inbox_at(const WideShape& s, DType dtype, bool staged, int cluster, bool win) {
   return inbox_at(fwd_own_bytes(s, dtype, staged, win), cluster);
 }
 
@@ -1765,7 +1766,7 @@ bool fwd_wide_supports(const FwdParams& p) {
   if (!bytes) return false;
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(s, kCluster) || !fwd_wide_rows_fit<kCluster, kStaged>(p, s)) return false;
-  const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
+  const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster, false);
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() {
            return shape_fits(fwd_wide_pick<T, kNv, kBytes, kStaged, kCluster>(s, smem, p.device), s, smem, kCluster,
                              p.device)
@@ -1788,7 +1789,7 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
   const WideShape s = wide_shape(p.cols, p.dtype, bytes, kCluster, false);
   if (!splits(s, kCluster) || !fwd_wide_rows_fit<kCluster, kStaged>(p, s)) return cudaErrorInvalidValue;
   return with_wide<false>(p.dtype, s, [&]<typename T, int kNv, int kBytes>() -> cudaError_t {
-    const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster);
+    const std::size_t smem = fwd_wide_smem(s, p.dtype, kStaged, kCluster, false);
     auto kernel = fwd_wide_pick<T, kNv, kBytes, kStaged, kCluster>(s, smem, p.device);
     if constexpr (kCluster > 8) {
       if (const cudaError_t err = allow_large_clusters(reinterpret_cast<const void*>(kernel)); err != cudaSuccess)
@@ -1804,7 +1805,7 @@ cudaError_t fwd_wide_run(const FwdParams& p, cudaStream_t stream) {
     }
     const int64_t clusters = groups < most ? groups : most;
     return launch(kernel, dim3(static_cast<unsigned>(clusters * kCluster)), dim3(s.threads, s.rows), smem, stream,
-                  kCluster, p, s.part, fwd_inbox_at(s, p.dtype, kStaged, kCluster));
+                  kCluster, p, s.part, fwd_inbox_at(s, p.dtype, kStaged, kCluster, false));
   });
 }
 
